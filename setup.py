@@ -1,0 +1,37 @@
+"""t5lite: JAX/Flax pretraining stack for text-to-text Transformers."""
+import pathlib
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+
+setup(
+    name="t5lite",
+    version="0.1.0",
+    description="JAX/Flax pretraining stack for text-to-text Transformers (T5 and friends)",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    # The repo's top-level tasks/ folder installs as `t5lite_tasks`: PyPI has an unrelated
+    # `tasks` package, and neither may shadow the other (README: "The tasks package").
+    packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite_tasks"],
+    package_dir={"t5lite_tasks": "tasks"},
+    install_requires=[
+        "jax>=0.10.0",
+        "flax>=0.12.0",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.0",
+        "grain>=0.2.18",
+        "tensorflow-datasets>=4.9.10",
+        "sentencepiece>=0.2.0",
+        "gin-config>=0.5.0",
+        "numpy>=2.0",
+        "safetensors>=0.6.0",
+    ],
+    extras_require={
+        # torch is pinned to the CPU build these machines carry; an open range would pull a
+        # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
+        "test": ["pytest>=8.0", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
+)

@@ -1,0 +1,266 @@
+"""HF transformers T5 checkpoints <-> t5lite (config, params): load_hf and save_hf.
+
+Layout facts (REFERENCE §4): torch Linear weights are (out, in), so kernels are transposed;
+attention kernels (D, H, K) flatten to (H*K, D). The relative bias table sits in block 0 of
+each stack. transformers 5.x always says `tie_word_embeddings: true` and records logit
+scaling as `scale_decoder_outputs`; 4.x-era configs use `tie_word_embeddings` for both.
+A model is untied when its checkpoint has an `lm_head.weight` that differs from `shared.weight`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Mapping
+
+import numpy as np
+import safetensors.numpy
+from flax import traverse_util
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.params import Params, abstract_params
+
+# Our activation names <-> HF `feed_forward_proj` ("gated-X" = act(wi_0) * wi_1).
+TO_HF_ACTIVATION = {"relu": "relu", "gated-gelu": "gated-gelu", "gelu": "gelu_new",
+                    "swiglu": "gated-silu", "reglu": "gated-relu"}
+FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()}
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+
+
+# --- config ---------------------------------------------------------------------------------
+
+def config_to_hf(config: ModelConfig) -> dict:
+  """HF config.json contents; raises for variants that HF's T5 cannot express."""
+  unsupported = {
+      "architecture": (config.architecture, "encoder_decoder"),
+      "norm": (config.norm, "rms"),
+      "position_encoding": (config.position_encoding, "relative_bias"),
+  }
+  for field, (value, needed) in unsupported.items():
+    if value != needed:
+      raise ValueError(f"HF T5 has no equivalent of {field}={value!r} (it needs {needed!r}); "
+                       "this model cannot be exported to the HF T5 layout")
+  if config.tie_output_embedding != config.scale_logits:
+    warnings.warn("tie_output_embedding != scale_logits: only transformers >= 5 reads this "
+                  "combination correctly (4.x ties and scales together)")
+  return {
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "d_model": config.d_model,
+      "d_kv": config.d_kv,
+      "d_ff": config.d_ff,
+      "num_layers": config.num_encoder_layers,
+      "num_decoder_layers": config.num_decoder_layers,
+      "num_heads": config.num_heads,
+      "feed_forward_proj": TO_HF_ACTIVATION[config.mlp_activation],
+      "relative_attention_num_buckets": config.relative_attention_num_buckets,
+      "relative_attention_max_distance": config.relative_attention_max_distance,
+      "layer_norm_epsilon": config.layer_norm_epsilon,
+      "dropout_rate": config.dropout_rate,
+      "initializer_factor": 1.0,
+      "is_encoder_decoder": True,
+      "tie_word_embeddings": config.tie_output_embedding,
+      "scale_decoder_outputs": config.scale_logits,
+      "vocab_size": config.vocab_size,
+      "pad_token_id": 0,
+      "eos_token_id": 1,
+      "decoder_start_token_id": 0,
+      "use_cache": True,
+  }
+
+
+def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
+  """ModelConfig from HF config.json contents; `tied` comes from the weights (see module doc)."""
+  if hf.get("model_type", "t5") != "t5":
+    raise ValueError(f"model_type={hf.get('model_type')!r}: only HF T5 checkpoints can be read")
+  proj = hf.get("feed_forward_proj", "relu")
+  if proj not in FROM_HF_ACTIVATION:
+    raise ValueError(f"feed_forward_proj={proj!r} has no t5lite equivalent; "
+                     f"supported: {sorted(FROM_HF_ACTIVATION)}")
+  # 5.x: scale_decoder_outputs; 4.x-era: tie_word_embeddings also meant "scale" (default True).
+  scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+  values = dict(
+      architecture="encoder_decoder",
+      vocab_size=hf["vocab_size"],
+      d_model=hf["d_model"],
+      d_ff=hf["d_ff"],
+      num_heads=hf["num_heads"],
+      d_kv=hf["d_kv"],
+      num_encoder_layers=hf["num_layers"],
+      num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+      mlp_activation=FROM_HF_ACTIVATION[proj],
+      norm="rms",
+      layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
+      position_encoding="relative_bias",
+      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
+      tie_output_embedding=tied,
+      scale_logits=bool(scale),
+      dropout_rate=hf.get("dropout_rate", 0.0),
+  )
+  values.update(overrides)
+  return ModelConfig(**values)
+
+
+# --- weights --------------------------------------------------------------------------------
+
+# Per-layer (our sub-path, HF sub-name, kind). kind says how the array is laid out in torch:
+# 'q': (D, H, K) kernel -> (H*K, D); 'o': (H, K, D) -> (D, H*K); 'dense': transpose; 'vec': as is.
+def _attention(ours: str, hf: str):
+  return [((ours, n, "kernel"), f"{hf}.{h}.weight", "o" if n == "out" else "q")
+          for n, h in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))]
+
+
+def _mlp(config: ModelConfig, hf: str):
+  wis = ("wi_0", "wi_1") if config.gated_mlp else ("wi",)
+  return [(("mlp", w, "kernel"), f"{hf}.DenseReluDense.{w}.weight", "dense") for w in wis + ("wo",)]
+
+
+def _layer_map(config: ModelConfig, stack: str):
+  if stack == "encoder":
+    return (_attention("attention", "layer.0.SelfAttention")
+            + [(("pre_attention_layer_norm", "scale"), "layer.0.layer_norm.weight", "vec")]
+            + _mlp(config, "layer.1")
+            + [(("pre_mlp_layer_norm", "scale"), "layer.1.layer_norm.weight", "vec")])
+  return (_attention("self_attention", "layer.0.SelfAttention")
+          + [(("pre_self_attention_layer_norm", "scale"), "layer.0.layer_norm.weight", "vec")]
+          + _attention("encoder_decoder_attention", "layer.1.EncDecAttention")
+          + [(("pre_cross_attention_layer_norm", "scale"), "layer.1.layer_norm.weight", "vec")]
+          + _mlp(config, "layer.2")
+          + [(("pre_mlp_layer_norm", "scale"), "layer.2.layer_norm.weight", "vec")])
+
+
+def weight_map(config: ModelConfig) -> list[tuple[tuple[str, ...], str, str]]:
+  """(our flattened param path in the unscanned layout, HF tensor name, kind) for every param."""
+  entries = [(("token_embedder", "embedding"), "shared.weight", "vec")]
+  if not config.tie_output_embedding:
+    entries.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", "dense"))
+  for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+    entries.append(((stack, "relpos_bias", "rel_embedding"),
+                    f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "vec"))
+    entries.append(((stack, f"{stack}_norm", "scale"), f"{stack}.final_layer_norm.weight", "vec"))
+    for i in range(n):
+      for path, hf, kind in _layer_map(config, stack):
+        entries.append(((stack, f"layers_{i}") + path, f"{stack}.block.{i}.{hf}", kind))
+  return entries
+
+
+def _to_torch_layout(kind: str, x: np.ndarray) -> np.ndarray:
+  if kind == "q":
+    return x.reshape(x.shape[0], -1).T
+  if kind == "o":
+    return x.reshape(-1, x.shape[-1]).T
+  return x.T if kind == "dense" else x
+
+
+def _from_torch_layout(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  return (w if kind == "vec" else w.T).reshape(shape)
+
+
+def unscan_params(params: Params) -> Params:
+  """Scanned layout (stack/layers/... with a leading layer axis) -> layers_0, layers_1, ..."""
+  out = dict(params)
+  for stack in ("encoder", "decoder"):
+    if stack in out and "layers" in out[stack]:
+      stack_params = dict(out[stack])
+      stacked = traverse_util.flatten_dict(stack_params.pop("layers"))
+      n = next(iter(stacked.values())).shape[0]
+      for i in range(n):
+        stack_params[f"layers_{i}"] = traverse_util.unflatten_dict(
+            {k: v[i] for k, v in stacked.items()})
+      out[stack] = stack_params
+  return out
+
+
+def scan_params(params: Params, config: ModelConfig) -> Params:
+  """Inverse of unscan_params, for a config with scan_layers=True."""
+  out = dict(params)
+  for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+    if stack in out and "layers_0" in out[stack]:
+      stack_params = dict(out[stack])
+      layers = [traverse_util.flatten_dict(stack_params.pop(f"layers_{i}")) for i in range(n)]
+      stack_params["layers"] = traverse_util.unflatten_dict(
+          {k: np.stack([layer[k] for layer in layers]) for k in layers[0]})
+      out[stack] = stack_params
+  return out
+
+
+def params_to_hf(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+  """HF state dict (numpy, torch layout) from t5lite params (scanned or not)."""
+  flat = traverse_util.flatten_dict(unscan_params(params))
+  return {hf: np.ascontiguousarray(_to_torch_layout(kind, np.asarray(flat[path])))
+          for path, hf, kind in weight_map(config)}
+
+
+def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> Params:
+  """t5lite params (scanned iff config.scan_layers) from an HF state dict; checks every shape."""
+  shapes = traverse_util.flatten_dict(unscan_params(abstract_params(config)))
+  flat = {}
+  for path, hf, kind in weight_map(config):
+    if hf not in tensors:
+      raise KeyError(f"HF checkpoint lacks tensor {hf!r} needed for {'/'.join(path)}")
+    w = np.asarray(tensors[hf])
+    shape = tuple(shapes[path].shape)
+    if w.size != int(np.prod(shape)):
+      raise ValueError(f"HF tensor {hf!r} has shape {w.shape}, which does not fit "
+                       f"{'/'.join(path)} of shape {shape} for this config")
+    flat[path] = _from_torch_layout(kind, w, shape)
+  params = traverse_util.unflatten_dict(flat)
+  return scan_params(params, config) if config.scan_layers else params
+
+
+# --- files ----------------------------------------------------------------------------------
+
+def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of an HF directory: model.safetensors, a sharded index, or (only via
+  torch.load(weights_only=True), never a plain unpickle) pytorch_model.bin."""
+  single, index, torch_file = (os.path.join(path, f) for f in (WEIGHTS_FILE, INDEX_FILE, TORCH_FILE))
+  if os.path.exists(single):
+    return safetensors.numpy.load_file(single)
+  if os.path.exists(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    tensors = {}
+    for shard in shards:
+      tensors.update(safetensors.numpy.load_file(os.path.join(path, shard)))
+    return tensors
+  if os.path.exists(torch_file):
+    import torch  # only needed for legacy .bin checkpoints
+    state = torch.load(torch_file, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
+            for k, v in state.items()}
+  raise FileNotFoundError(f"no {WEIGHTS_FILE}, {INDEX_FILE} or {TORCH_FILE} in {path}")
+
+
+def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
+  """Reads an HF T5 directory (config.json + weights) into (ModelConfig, params).
+
+  Works for transformers 4.x-era and 5.x checkpoints. config_overrides (e.g.
+  scan_layers=True, dtype='bfloat16') change how the model runs, not what it is.
+  """
+  config_file = os.path.join(path, "config.json")
+  if not os.path.exists(config_file):
+    raise FileNotFoundError(f"{config_file} not found: is {path} an HF model directory?")
+  with open(config_file) as f:
+    hf_config = json.load(f)
+  tensors = read_hf_tensors(path)
+  shared = tensors["shared.weight"]
+  lm_head = tensors.get("lm_head.weight")
+  tied = lm_head is None or np.array_equal(lm_head, shared)
+  config_overrides.setdefault("param_dtype", str(shared.dtype) if str(shared.dtype) in
+                              ("float32", "bfloat16", "float16") else "float32")
+  config = config_from_hf(hf_config, tied=tied, **config_overrides)
+  return config, params_from_hf(config, tensors)
+
+
+def save_hf(config: ModelConfig, params: Params, path: str) -> None:
+  """Writes config.json and model.safetensors that transformers loads with no missing,
+  unexpected or mismatched weights."""
+  hf_config = config_to_hf(config)
+  os.makedirs(path, exist_ok=True)
+  tensors = params_to_hf(config, params)
+  safetensors.numpy.save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)

@@ -1,0 +1,118 @@
+"""Building blocks: projections, embeddings, norms and MLPs, each parameter named by logical axes.
+
+The model never names a mesh axis: partitioning rules map these logical names
+(`embed`, `mlp`, `heads`, `kv`, `vocab`, ...) to mesh axes at the jit call site.
+Initializers follow HF/Mesh-TF T5 (normal with fan-in scaled standard deviations).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+
+# Activation axes used in constraints on activations.
+BATCH_LENGTH_EMBED = ("batch", "length", "embed")
+BATCH_LENGTH_MLP = ("batch", "length", "mlp")
+
+
+def _gelu(x):
+  # T5 v1.1 and HF's "gelu_new" use the tanh approximation.
+  return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    "gelu": _gelu,
+    "gated-gelu": _gelu,
+    "swiglu": jax.nn.silu,
+    "reglu": jax.nn.relu,
+}
+
+
+class Dense(nn.Module):
+  """A bias-free linear map contracting the last len(in_shape) axes of x with a kernel.
+
+  Example: in_shape=(512,), out_shape=(8, 64) maps x (B, L, 512) -> (B, L, 8, 64) with a
+  (512, 8, 64) kernel whose axes are named e.g. ('embed', 'heads', 'kv').
+  """
+  in_shape: Sequence[int]
+  out_shape: Sequence[int]
+  axes: Sequence[str | None]
+  stddev: float
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    shape = tuple(self.in_shape) + tuple(self.out_shape)
+    init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), tuple(self.axes))
+    kernel = self.param("kernel", init, shape, self.param_dtype)
+    n = len(self.in_shape)
+    contract = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    return jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+
+
+class Embed(nn.Module):
+  """Token embedding table (vocab, embed); `attend` is the tied output projection."""
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    init = nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed"))
+    self.embedding = self.param("embedding", init, (self.num_embeddings, self.features),
+                                self.param_dtype)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)  # (B, L, D)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return jnp.einsum("bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+class Norm(nn.Module):
+  """RMS norm (T5: scale only, no mean subtraction) or LayerNorm (scale and bias), in float32."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    features = (x.shape[-1],)
+    x = x.astype(jnp.float32)
+    if cfg.norm == "layer":
+      x = x - jnp.mean(x, axis=-1, keepdims=True)
+    x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       features, cfg.storage_dtype)
+    x = x * scale.astype(jnp.float32)
+    if cfg.norm == "layer":
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                        features, cfg.storage_dtype)
+      x = x + bias.astype(jnp.float32)
+    return x.astype(cfg.compute_dtype)
+
+
+class Mlp(nn.Module):
+  """Position-wise MLP: wo(act(wi(x))) or, gated, wo(act(wi_0(x)) * wi_1(x))."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    dense = lambda d_in, d_out, axes, name: Dense(
+        (d_in,), (d_out,), axes, d_in ** -0.5, cfg.compute_dtype, cfg.storage_dtype, name=name)
+    act = ACTIVATION_FNS[cfg.mlp_activation]
+    if cfg.gated_mlp:
+      h = act(dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi_0")(x))
+      h = h * dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi_1")(x)
+    else:
+      h = act(dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi")(x))
+    h = nn.with_logical_constraint(h, BATCH_LENGTH_MLP)  # (B, L, F)
+    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
+    return dense(cfg.d_ff, cfg.d_model, ("mlp", "embed"), "wo")(h)  # (B, L, D)

@@ -1,0 +1,125 @@
+"""The three model families: EncoderDecoder (T5), DecoderOnly (causal / prefix LM), EncoderOnly (MLM).
+
+Inputs use T5X's feature names. Segment ids are 1-based per packed example, 0 = padding;
+positions restart at 0 per segment. When segment ids are omitted, the encoder masks
+padding (token id 0) as T5X does, and the decoder is causal only; pass all-ones segment
+ids to get HF's behaviour without an attention mask.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.layers import ACTIVATION_FNS, Dense, Embed, Norm
+from t5lite.models.transformer import Decoder, Encoder, LogitsHead, default_positions
+
+
+def _segments_or(segment_ids, default):
+  return default if segment_ids is None else segment_ids
+
+
+class _Model(nn.Module):
+  config: ModelConfig
+  deterministic: bool = True
+  """False enables dropout (then apply needs a 'dropout' rng)."""
+
+  def _embedder(self) -> Embed:
+    cfg = self.config
+    return Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, cfg.storage_dtype)
+
+  def _encode(self, tokens, segment_ids, positions):
+    segment_ids = _segments_or(segment_ids, (tokens > 0).astype(jnp.int32))
+    positions = default_positions(tokens) if positions is None else positions
+    return self.encoder(tokens, segment_ids, positions)
+
+
+class EncoderDecoder(_Model):
+  """T5: encoder over inputs, decoder over shifted targets. Returns logits (B, T, V)."""
+
+  def setup(self):
+    self.token_embedder = self._embedder()
+    self.encoder = Encoder(self.config, self.token_embedder, self.deterministic)
+    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic)
+
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None):
+    return self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
+
+  def decode(self, encoded, encoder_segment_ids, decoder_input_tokens,
+             decoder_segment_ids=None, decoder_positions=None):
+    tokens = decoder_input_tokens
+    segment_ids = _segments_or(decoder_segment_ids, jnp.ones_like(tokens, dtype=jnp.int32))
+    positions = default_positions(tokens) if decoder_positions is None else decoder_positions
+    return self.decoder(tokens, segment_ids, positions, encoded, encoder_segment_ids)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
+               decoder_segment_ids=None, encoder_positions=None, decoder_positions=None):
+    encoder_segment_ids = _segments_or(encoder_segment_ids,
+                                       (encoder_input_tokens > 0).astype(jnp.int32))
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
+    return self.decode(encoded, encoder_segment_ids, decoder_input_tokens,
+                       decoder_segment_ids, decoder_positions)
+
+
+class DecoderOnly(_Model):
+  """GPT-style LM; with config.prefix_lm, `decoder_causal_attention` (1 on the prefix)
+  makes the prefix bidirectional. Returns logits (B, L, V)."""
+
+  def setup(self):
+    self.token_embedder = self._embedder()
+    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic)
+
+  def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
+               decoder_causal_attention=None):
+    if self.config.prefix_lm and decoder_causal_attention is None:
+      raise ValueError("a prefix_lm model needs decoder_causal_attention (1 on prefix positions)")
+    if not self.config.prefix_lm and decoder_causal_attention is not None:
+      raise ValueError("decoder_causal_attention was given but the config has prefix_lm=False")
+    tokens = decoder_input_tokens
+    segment_ids = _segments_or(decoder_segment_ids, jnp.ones_like(tokens, dtype=jnp.int32))
+    positions = default_positions(tokens) if decoder_positions is None else decoder_positions
+    return self.decoder(tokens, segment_ids, positions, causal_attention=decoder_causal_attention)
+
+
+class EncoderOnly(_Model):
+  """BERT-style encoder with an MLM head (dense, activation, norm, vocab projection)."""
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = self._embedder()
+    self.encoder = Encoder(cfg, self.token_embedder, self.deterministic)
+    self.mlm_transform = Dense((cfg.d_model,), (cfg.d_model,), ("embed", "mlp"),
+                               cfg.d_model ** -0.5, cfg.compute_dtype, cfg.storage_dtype)
+    self.mlm_norm = Norm(cfg)
+    self.logits_dense = LogitsHead(cfg, self.token_embedder)
+
+  def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None):
+    x = self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
+    return self.logits_dense(self.mlm_norm(ACTIVATION_FNS["gelu"](self.mlm_transform(x))))
+
+
+MODEL_CLASSES = {
+    "encoder_decoder": EncoderDecoder,
+    "decoder_only": DecoderOnly,
+    "encoder_only": EncoderOnly,
+}
+
+# Input features each family takes, in T5X's names (a converted batch may carry more).
+MODEL_INPUTS = {
+    "encoder_decoder": ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
+                        "decoder_segment_ids", "encoder_positions", "decoder_positions"),
+    "decoder_only": ("decoder_input_tokens", "decoder_segment_ids", "decoder_positions",
+                     "decoder_causal_attention"),
+    "encoder_only": ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions"),
+}
+
+
+def make_model(config: ModelConfig, *, enable_dropout: bool = False) -> nn.Module:
+  """The Flax module for a config; params do not depend on enable_dropout."""
+  return MODEL_CLASSES[config.architecture](config, deterministic=not enable_dropout)
+
+
+def model_inputs(config: ModelConfig, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The subset of a converted batch that the model's __call__ takes."""
+  return {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}

@@ -1,0 +1,58 @@
+"""Creating parameters: concrete or abstract (shapes only), with their logical axis names."""
+from __future__ import annotations
+
+from typing import Any
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.network import make_model
+
+Params = Any  # a nested dict of arrays, as Flax returns under 'params'
+
+
+def _dummy_inputs(config: ModelConfig) -> dict[str, jax.Array]:
+  """The smallest inputs that fix every parameter shape (length 1 does: no param depends on it)."""
+  tokens = jnp.ones((1, 1), jnp.int32)
+  if config.architecture == "encoder_decoder":
+    return {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
+  if config.architecture == "decoder_only":
+    extra = {"decoder_causal_attention": tokens} if config.prefix_lm else {}
+    return {"decoder_input_tokens": tokens, **extra}
+  return {"encoder_input_tokens": tokens}
+
+
+def _init_boxed(config: ModelConfig, rng: jax.Array):
+  """Params still wrapped in nn.LogicallyPartitioned boxes that carry axis names."""
+  return make_model(config).init({"params": rng}, **_dummy_inputs(config))["params"]
+
+
+def init_params(config: ModelConfig, rng: jax.Array | int = 0) -> Params:
+  """Randomly initialized params (plain arrays) for a config."""
+  if isinstance(rng, int):
+    rng = jax.random.key(rng)
+  return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, rng))
+
+
+def abstract_params(config: ModelConfig) -> Params:
+  """Params as jax.ShapeDtypeStructs, without allocating or computing anything."""
+  return nn.unbox(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0)))
+
+
+def param_logical_axes(config: ModelConfig) -> Params:
+  """Params tree of PartitionSpecs over logical axis names, e.g. P('embed', 'heads', 'kv')."""
+  boxed = jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0))
+  return nn.get_partition_spec(boxed)
+
+
+def count_params(params_or_config: Params | ModelConfig) -> int:
+  """Number of scalars in a params tree (or in the params a config would create)."""
+  tree = params_or_config
+  if isinstance(tree, ModelConfig):
+    tree = abstract_params(tree)
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))

@@ -1,0 +1,103 @@
+"""Position encodings: T5 relative bias, sinusoidal, learned absolute, rotary (RoPE)."""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5lite.models.config import ModelConfig
+
+
+def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
+  """Maps key_pos - query_pos to a bucket id, exactly as Mesh TF / HF T5.
+
+  Half the buckets are exact small distances, the rest log-spaced up to max_distance.
+  Bidirectional (encoder): positive and negative offsets get separate halves.
+  Causal (decoder): positive offsets (the future) collapse into bucket 0.
+  Example (bidirectional, 32 buckets, 128): offsets [-1, 0, 1, 200] -> [1, 0, 17, 31].
+  """
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  # Clamp to 1 before the log: distance 0 is small anyway and must not produce -inf.
+  log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+  large = max_exact + (log_ratio / math.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """One (buckets, heads) table per stack; returns an additive attention bias (1, H, Q, K).
+
+  Offsets come from sequence indices, not packed `*_positions`: inside one packed segment
+  the two give the same key - query offsets, and pairs across segments are masked anyway.
+  `query_offset` shifts the query indices (incremental decoding).
+  """
+  config: ModelConfig
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_length: int, key_length: int, query_offset: int | jax.Array = 0):
+    cfg = self.config
+    init = nn.with_logical_partitioning(nn.initializers.normal(cfg.d_model ** -0.5),
+                                        ("relpos_buckets", "heads"))
+    table = self.param("rel_embedding", init,
+                       (cfg.relative_attention_num_buckets, cfg.num_heads), cfg.storage_dtype)
+    query = jnp.arange(query_length, dtype=jnp.int32)[:, None] + query_offset
+    key = jnp.arange(key_length, dtype=jnp.int32)[None, :]
+    buckets = relative_position_bucket(
+        key - query, bidirectional=self.bidirectional,
+        num_buckets=cfg.relative_attention_num_buckets,
+        max_distance=cfg.relative_attention_max_distance)  # (Q, K)
+    bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # (Q, K, H)
+    return jnp.transpose(bias, (2, 0, 1))[None]  # (1, H, Q, K)
+
+
+def sinusoidal_embedding(positions: jax.Array, features: int) -> jax.Array:
+  """Transformer sin/cos encodings: (B, L) int positions -> (B, L, features) float32.
+
+  First half sines, second half cosines, timescales geometric from 1 to 10,000.
+  """
+  half = features // 2
+  inv_timescales = np.exp(-math.log(10000.0) * np.arange(half) / max(half - 1, 1))
+  angles = positions[..., None].astype(jnp.float32) * inv_timescales.astype(np.float32)
+  emb = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  if features % 2:
+    emb = jnp.pad(emb, [(0, 0)] * (emb.ndim - 1) + [(0, 1)])
+  return emb
+
+
+class LearnedPositionEmbedding(nn.Module):
+  """A trained (max_position_embeddings, embed) table looked up by position."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    init = nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed"))
+    table = self.param("embedding", init, (cfg.max_position_embeddings, cfg.d_model),
+                       cfg.storage_dtype)
+    return jnp.take(table, positions, axis=0).astype(cfg.compute_dtype)  # (B, L, D)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotates query/key features (B, L, H, K) by position (B, L), rotate-half convention."""
+  half = x.shape[-1] // 2
+  freqs = theta ** (-np.arange(half, dtype=np.float32) / half)
+  angles = positions[..., None].astype(jnp.float32) * freqs  # (B, L, K/2)
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)
