@@ -85,6 +85,9 @@ class LearnedPositionEmbedding(nn.Module):
   @nn.compact
   def __call__(self, positions: jax.Array) -> jax.Array:
     cfg = self.config
+    if positions.shape[-1] > cfg.max_position_embeddings:
+      raise ValueError(f"sequence length {positions.shape[-1]} exceeds max_position_embeddings="
+                       f"{cfg.max_position_embeddings} of the learned position table")
     init = nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed"))
     table = self.param("embedding", init, (cfg.max_position_embeddings, cfg.d_model),
                        cfg.storage_dtype)

@@ -1,0 +1,32 @@
+# `make demo` and `make test` set up .venv on first use, then run. Python 3.11+.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# JAX's persistent compilation cache: repeated runs and test subprocesses reuse compiled code.
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
+export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
+
+.PHONY: demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-demo: setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# torch==2.13.0 is the CPU build these machines carry (see setup.py's test extra).
+$(VENV)/.installed-test: setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@ $(VENV)/.installed-demo
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/t5lite smoke --gin_file=gin/models/tiny.gin
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) .jax_cache .pytest_cache
