@@ -1,0 +1,5 @@
+"""Task and mixture definitions; importing a module registers its tasks.
+
+Installed as the package `t5lite_tasks` (PyPI's unrelated `tasks` keeps its name): import it
+as `import t5lite_tasks`. The data layer and the embedded default tasks land here next.
+"""

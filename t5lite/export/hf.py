@@ -18,7 +18,7 @@ import safetensors.numpy
 from flax import traverse_util
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.params import Params, abstract_params
+from t5lite.models.params import Params, abstract_params, scan_params, unscan_params
 
 # Our activation names <-> HF `feed_forward_proj` ("gated-X" = act(wi_0) * wi_1).
 TO_HF_ACTIVATION = {"relu": "relu", "gated-gelu": "gated-gelu", "gelu": "gelu_new",
@@ -159,34 +159,6 @@ def _from_torch_layout(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.n
   return (w if kind == "vec" else w.T).reshape(shape)
 
 
-def unscan_params(params: Params) -> Params:
-  """Scanned layout (stack/layers/... with a leading layer axis) -> layers_0, layers_1, ..."""
-  out = dict(params)
-  for stack in ("encoder", "decoder"):
-    if stack in out and "layers" in out[stack]:
-      stack_params = dict(out[stack])
-      stacked = traverse_util.flatten_dict(stack_params.pop("layers"))
-      n = next(iter(stacked.values())).shape[0]
-      for i in range(n):
-        stack_params[f"layers_{i}"] = traverse_util.unflatten_dict(
-            {k: v[i] for k, v in stacked.items()})
-      out[stack] = stack_params
-  return out
-
-
-def scan_params(params: Params, config: ModelConfig) -> Params:
-  """Inverse of unscan_params, for a config with scan_layers=True."""
-  out = dict(params)
-  for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
-    if stack in out and "layers_0" in out[stack]:
-      stack_params = dict(out[stack])
-      layers = [traverse_util.flatten_dict(stack_params.pop(f"layers_{i}")) for i in range(n)]
-      stack_params["layers"] = traverse_util.unflatten_dict(
-          {k: np.stack([layer[k] for layer in layers]) for k in layers[0]})
-      out[stack] = stack_params
-  return out
-
-
 def params_to_hf(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
   """HF state dict (numpy, torch layout) from t5lite params (scanned or not)."""
   flat = traverse_util.flatten_dict(unscan_params(params))
@@ -196,7 +168,7 @@ def params_to_hf(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
 
 def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> Params:
   """t5lite params (scanned iff config.scan_layers) from an HF state dict; checks every shape."""
-  shapes = traverse_util.flatten_dict(unscan_params(abstract_params(config)))
+  shapes = traverse_util.flatten_dict(abstract_params(config.replace(scan_layers=False)))
   flat = {}
   for path, hf, kind in weight_map(config):
     if hf not in tensors:

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from t5lite.models.config import ModelConfig
 from t5lite.models.network import make_model
@@ -56,3 +57,31 @@ def count_params(params_or_config: Params | ModelConfig) -> int:
   if isinstance(tree, ModelConfig):
     tree = abstract_params(tree)
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def unscan_params(params: Params) -> Params:
+  """Scanned layout (stack/layers/... with a leading layer axis) -> layers_0, layers_1, ..."""
+  out = dict(params)
+  for stack in ("encoder", "decoder"):
+    if stack in out and "layers" in out[stack]:
+      stack_params = dict(out[stack])
+      stacked = traverse_util.flatten_dict(stack_params.pop("layers"))
+      n = next(iter(stacked.values())).shape[0]
+      for i in range(n):
+        stack_params[f"layers_{i}"] = traverse_util.unflatten_dict(
+            {k: v[i] for k, v in stacked.items()})
+      out[stack] = stack_params
+  return out
+
+
+def scan_params(params: Params, config: ModelConfig) -> Params:
+  """Inverse of unscan_params, for a config with scan_layers=True."""
+  out = dict(params)
+  for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+    if stack in out and "layers_0" in out[stack]:
+      stack_params = dict(out[stack])
+      layers = [traverse_util.flatten_dict(stack_params.pop(f"layers_{i}")) for i in range(n)]
+      stack_params["layers"] = traverse_util.unflatten_dict(
+          {k: np.stack([layer[k] for layer in layers]) for k in layers[0]})
+      out[stack] = stack_params
+  return out

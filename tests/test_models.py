@@ -1,0 +1,278 @@
+"""Model behaviour: shapes, masks and packing, scan vs unrolled, causality, dropout, sizes."""
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from conftest import jitted_apply, tiny
+from t5lite.models import (abstract_params, count_params, init_params, make_model,
+                           param_logical_axes)
+from t5lite.models.params import scan_params, unscan_params
+
+VARIANTS = {
+    "t5_v1_1": tiny(),
+    "t5_v1_0": tiny(mlp_activation="relu", tie_output_embedding=True, scale_logits=True),
+    "enc_dec_sinusoidal_reglu": tiny(position_encoding="sinusoidal", mlp_activation="reglu"),
+    "enc_dec_rope_layernorm": tiny(position_encoding="rope", norm="layer"),
+    "decoder_only_rope_swiglu": tiny(architecture="decoder_only", position_encoding="rope",
+                                     mlp_activation="swiglu"),
+    "decoder_only_prefix_lm": tiny(architecture="decoder_only", prefix_lm=True),
+    "encoder_only_learned": tiny(architecture="encoder_only", position_encoding="learned",
+                                 norm="layer", mlp_activation="gelu", tie_output_embedding=True,
+                                 scale_logits=True, max_position_embeddings=64),
+}
+
+
+def inputs_for(config, tokens, segments=None, positions=None, targets=None,
+               target_segments=None, target_positions=None, prefix=None):
+  """Model inputs for any family from (B, L) arrays; decoder-only/encoder-only use `tokens`."""
+  if config.architecture == "encoder_decoder":
+    out = {"encoder_input_tokens": tokens, "decoder_input_tokens": targets,
+           "encoder_segment_ids": segments, "decoder_segment_ids": target_segments,
+           "encoder_positions": positions, "decoder_positions": target_positions}
+  elif config.architecture == "decoder_only":
+    out = {"decoder_input_tokens": tokens, "decoder_segment_ids": segments,
+           "decoder_positions": positions, "decoder_causal_attention": prefix}
+  else:
+    out = {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
+           "encoder_positions": positions}
+  return {k: v for k, v in out.items() if v is not None}
+
+
+def random_tokens(shape, seed=0, low=3):
+  return np.random.RandomState(seed).randint(low, 128, shape).astype(np.int32)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_shapes_and_finite(name):
+  config = VARIANTS[name]
+  params = init_params(config, 0)
+  tokens = random_tokens((2, 12))
+  prefix = np.repeat((np.arange(12) < 5)[None], 2, 0).astype(np.int32) if config.prefix_lm else None
+  logits = jitted_apply(config)(params, inputs_for(config, tokens, targets=tokens[:, :7],
+                                                   prefix=prefix))
+  expected_length = 7 if config.architecture == "encoder_decoder" else 12
+  assert logits.shape == (2, expected_length, 128)
+  assert np.isfinite(np.asarray(logits)).all()
+
+
+def _pack(a, b, pad):
+  """Rows [a | b | pad zeros] with segment ids and restarting positions."""
+  tokens = np.concatenate([a, b, np.zeros(pad, np.int32)])[None]
+  segments = np.array([[1] * len(a) + [2] * len(b) + [0] * pad], np.int32)
+  positions = np.array([list(range(len(a))) + list(range(len(b))) + [0] * pad], np.int32)
+  return tokens, segments, positions
+
+
+# Prefix LM masks are covered by test_prefix_lm_is_bidirectional_on_the_prefix_only.
+@pytest.mark.parametrize("name", sorted(n for n in VARIANTS if not VARIANTS[n].prefix_lm))
+def test_packed_segments_and_padding_never_leak(name):
+  """Each packed segment's output equals running it alone; pad values change nothing."""
+  config = VARIANTS[name]
+  apply = jitted_apply(config)
+  params = init_params(config, 1)
+  a, b = random_tokens((5,), 1), random_tokens((4,), 2)
+  ta, tb = random_tokens((3,), 3), random_tokens((6,), 4)
+  tokens, segments, positions = _pack(a, b, 3)
+  targets, target_segments, target_positions = _pack(ta, tb, 2)
+  packed = np.asarray(apply(params, inputs_for(
+      config, tokens, segments, positions, targets, target_segments, target_positions)))
+
+  def alone(x, tx):
+    ones = lambda t: np.ones_like(t[None])
+    return np.asarray(apply(params, inputs_for(config, x[None], ones(x), None, tx[None], ones(tx))))[0]
+
+  if config.architecture == "encoder_decoder":
+    np.testing.assert_allclose(packed[0, :3], alone(a, ta), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 3:9], alone(b, tb), atol=1e-5, rtol=1e-5)
+  else:
+    np.testing.assert_allclose(packed[0, :5], alone(a, ta), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:9], alone(b, tb), atol=1e-5, rtol=1e-5)
+
+  # Garbage in the padding (tokens and positions) must not move any real output.
+  noisy_tokens, noisy_targets = tokens.copy(), targets.copy()
+  noisy_tokens[0, 9:] = [7, 8, 9]
+  noisy_targets[0, 9:] = [10, 11]
+  noisy = np.asarray(apply(params, inputs_for(
+      config, noisy_tokens, segments, positions, noisy_targets, target_segments, target_positions)))
+  real = slice(0, 9)
+  np.testing.assert_allclose(noisy[0, real], packed[0, real], atol=1e-6, rtol=1e-6)
+
+
+def test_encoder_padding_mask_comes_from_tokens_when_segments_are_omitted():
+  config = VARIANTS["t5_v1_1"]
+  params = init_params(config, 2)
+  enc = random_tokens((1, 8))
+  dec = random_tokens((1, 5), 9)
+  padded = np.concatenate([enc, np.zeros((1, 4), np.int32)], axis=1)
+  apply = jitted_apply(config)
+  short = apply(params, {"encoder_input_tokens": enc, "decoder_input_tokens": dec})
+  long = apply(params, {"encoder_input_tokens": padded, "decoder_input_tokens": dec})
+  np.testing.assert_allclose(np.asarray(long), np.asarray(short), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5_v1_1", "decoder_only_rope_swiglu", "encoder_only_learned"])
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_scan_matches_unrolled_values_and_gradients(name, remat):
+  config = VARIANTS[name]
+  scanned = config.replace(scan_layers=True, remat_policy=remat)
+  params = init_params(config, 3)
+  stacked = scan_params(params, scanned)
+  assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
+      abstract_params(scanned))
+  tokens = random_tokens((2, 10))
+  inputs = inputs_for(config, tokens, targets=tokens[:, :6])
+
+  def loss(cfg):
+    model = make_model(cfg)
+    return jax.jit(jax.value_and_grad(
+        lambda p: jnp.sum(model.apply({"params": p}, **inputs) ** 2) / 1e4))
+
+  value, grads = loss(config)(params)
+  scan_value, scan_grads = loss(scanned)(stacked)
+  np.testing.assert_allclose(scan_value, value, rtol=1e-5)
+  flat = jax.tree_util.tree_leaves_with_path(grads)
+  scan_flat = dict(jax.tree_util.tree_leaves_with_path(unscan_params(scan_grads)))
+  assert len(flat) == len(scan_flat)
+  for path, g in flat:
+    np.testing.assert_allclose(scan_flat[path], g, rtol=2e-4, atol=1e-6, err_msg=str(path))
+
+
+def test_decoder_only_is_causal():
+  config = VARIANTS["decoder_only_rope_swiglu"]
+  params = init_params(config, 4)
+  apply = jitted_apply(config)
+  tokens = random_tokens((1, 10))
+  base = np.asarray(apply(params, {"decoder_input_tokens": tokens}))
+  for t in (0, 4, 9):
+    changed = tokens.copy()
+    changed[0, t] = (changed[0, t] + 1) % 128
+    out = np.asarray(apply(params, {"decoder_input_tokens": changed}))
+    np.testing.assert_array_equal(out[0, :t], base[0, :t])  # the past never sees the future
+    assert np.abs(out[0, t:] - base[0, t:]).max() > 1e-4  # and the present does see itself
+
+
+def test_prefix_lm_is_bidirectional_on_the_prefix_only():
+  config = VARIANTS["decoder_only_prefix_lm"]
+  params = init_params(config, 5)
+  apply = jitted_apply(config)
+  tokens = random_tokens((1, 10))
+  prefix = (np.arange(10) < 4).astype(np.int32)[None]
+  run = lambda t: np.asarray(apply(params, {"decoder_input_tokens": t,
+                                            "decoder_causal_attention": prefix}))
+  base = run(tokens)
+  changed = tokens.copy()
+  changed[0, 3] += 1  # last prefix token: earlier prefix positions see it
+  assert np.abs(run(changed)[0, :3] - base[0, :3]).max() > 1e-4
+  changed = tokens.copy()
+  changed[0, 6] += 1  # a target token: nothing before it sees it
+  np.testing.assert_array_equal(run(changed)[0, :6], base[0, :6])
+
+
+def test_prefix_lm_flag_and_inputs_must_agree():
+  config = VARIANTS["decoder_only_prefix_lm"]
+  params = init_params(config, 0)
+  with pytest.raises(ValueError, match="needs decoder_causal_attention"):
+    make_model(config).apply({"params": params}, random_tokens((1, 4)))
+  causal = VARIANTS["decoder_only_rope_swiglu"]
+  with pytest.raises(ValueError, match="prefix_lm=False"):
+    make_model(causal).apply({"params": init_params(causal, 0)}, random_tokens((1, 4)),
+                             decoder_causal_attention=np.ones((1, 4), np.int32))
+
+
+def test_learned_positions_reject_too_long_inputs():
+  config = VARIANTS["encoder_only_learned"]
+  with pytest.raises(ValueError, match="max_position_embeddings=64"):
+    make_model(config).apply({"params": init_params(config, 0)}, random_tokens((1, 65)))
+
+
+def test_dropout_is_seeded_and_off_by_default():
+  config = tiny(dropout_rate=0.3)
+  params = init_params(config, 6)
+  tokens = random_tokens((2, 8))
+  inputs = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
+  train = jitted_apply(config, enable_dropout=True)
+  a = np.asarray(train(params, inputs, jax.random.key(1)))
+  b = np.asarray(train(params, inputs, jax.random.key(1)))
+  c = np.asarray(train(params, inputs, jax.random.key(2)))
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(a - c).max() > 1e-3
+  eval_out = np.asarray(jitted_apply(config)(params, inputs))
+  no_dropout = np.asarray(jitted_apply(config.replace(dropout_rate=0.0))(params, inputs))
+  np.testing.assert_array_equal(eval_out, no_dropout)
+
+
+def test_bfloat16_activations_stay_close_to_float32():
+  config = VARIANTS["t5_v1_1"]
+  params = init_params(config, 7)
+  tokens = random_tokens((2, 8))
+  inputs = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
+  fp32 = np.asarray(jitted_apply(config)(params, inputs))
+  bf16 = jitted_apply(config.replace(dtype="bfloat16"))(params, inputs)
+  assert bf16.dtype == jnp.bfloat16
+  assert np.abs(np.asarray(bf16, np.float32) - fp32).max() < 0.05 * np.abs(fp32).max()
+
+
+@pytest.mark.parametrize("gin_size, published", [("small", 76_961_152), ("base", 247_577_856)])
+def test_t5_v1_1_param_counts_match_published_and_hf(gin_size, published):
+  import torch
+  import transformers
+  from t5lite.models import ModelConfig
+  widths = {"small": (512, 1024, 6, 8), "base": (768, 2048, 12, 12)}[gin_size]
+  d, ff, heads, layers = widths
+  ours = count_params(ModelConfig(d_model=d, d_ff=ff, num_heads=heads, num_encoder_layers=layers,
+                                  num_decoder_layers=layers))
+  assert ours == published
+  hf_config = transformers.T5Config(d_model=d, d_ff=ff, num_heads=heads, num_layers=layers,
+                                    feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+  with torch.device("meta"):
+    hf = transformers.T5ForConditionalGeneration(hf_config)
+  # HF's tied shared/embed_tokens count once; v1.1's lm_head is its own tensor.
+  hf_count = sum(p.numel() for p in hf.parameters()) + (
+      0 if hf.lm_head.weight is not hf.shared.weight else hf.lm_head.weight.numel())
+  assert ours == hf_count
+
+
+LOGICAL_NAMES = {"embed", "mlp", "heads", "kv", "vocab", "relpos_buckets", "layers", None}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("scan", [False, True])
+def test_every_param_has_logical_axis_names(name, scan):
+  config = VARIANTS[name].replace(scan_layers=scan)
+  specs = param_logical_axes(config)
+  shapes = abstract_params(config)
+  for (path, spec), shape in zip(jax.tree_util.tree_leaves_with_path(
+      specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+                                 jax.tree_util.tree_leaves(shapes)):
+    assert len(spec) == len(shape.shape), path
+    assert set(spec) <= LOGICAL_NAMES, (path, spec)
+    assert any(n is not None for n in spec) or len(spec) == 0, path
+    in_stack = "layers" in jax.tree_util.keystr(path)
+    assert (spec[0] == "layers") == (scan and in_stack), (path, spec)
+
+
+def test_activations_are_constrained_under_a_mesh():
+  """With 8 fake devices and rules heads->tensor, batch->data, the lowered forward carries
+  sharding constraints on (batch, length, heads, kv) and (batch, length, embed) activations."""
+  config = VARIANTS["t5_v1_1"]
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+  rules = [("batch", "data"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor")]
+  model = make_model(config)
+  params = init_params(config, 0)
+  tokens = jnp.ones((4, 8), jnp.int32)
+  forward = lambda p, e, d: model.apply({"params": p}, e, d)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    text = jax.jit(forward).lower(params, tokens, tokens).as_text()
+  constraints = [line for line in text.splitlines() if "sharding_constraint" in line]
+  heads = [c for c in constraints if re.search(r'\[\{"data"\}, \{\}, \{"tensor"\}, \{\}\]', c)]
+  embed = [c for c in constraints if re.search(r'\[\{"data"\}, \{\}, \{\}\]', c)]
+  # q, k, v and the attention output in each of 2 encoder + 2x2 decoder attentions.
+  assert len(heads) >= 4 * 6
+  assert len(embed) >= 2 + 2 + 2  # both embeddings and every layer's output
+  assert any(re.search(r'\[\{"data"\}, \{\}, \{"tensor"\}\]> : tensor<4x8x128', c)
+             for c in constraints)  # logits (batch, length, vocab)
