@@ -1,24 +1,32 @@
-"""The repo's tasks/ folder installs as t5lite_tasks and never claims the name `tasks`."""
-import importlib
-import importlib.metadata
-import pathlib
+"""The repo's tasks/ folder installs as t5lite_tasks and never claims the name `tasks`.
+
+Checked from a fresh interpreter outside the repo, where only the installation decides
+what an import finds (the repo root on sys.path would hide the question).
+"""
+import json
+import subprocess
+import sys
 
 from conftest import REPO
 
+PROBE = """
+import importlib.util, json
+spec = lambda name: importlib.util.find_spec(name)
+tasks, ours = spec("tasks"), spec("t5lite_tasks")
+print(json.dumps({"tasks": tasks and tasks.origin, "t5lite_tasks": ours and ours.origin}))
+"""
 
-def test_tasks_folder_is_importable_as_t5lite_tasks():
-  module = importlib.import_module("t5lite_tasks")
-  assert pathlib.Path(module.__file__).resolve().parent == REPO / "tasks"
+
+def test_installed_names(tmp_path):
+  out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True,
+                       text=True, check=True).stdout
+  origins = json.loads(out)
+  assert origins["t5lite_tasks"] == str(REPO / "tasks" / "__init__.py")
+  # Either PyPI's `tasks` (if someone installed it) or nothing: never our folder.
+  assert origins["tasks"] is None or str(REPO) not in origins["tasks"]
 
 
-def test_distribution_does_not_install_a_top_level_tasks_package():
-  dist = importlib.metadata.distribution("t5lite")
-  top_level = set()
-  for f in dist.files or []:
-    parts = pathlib.PurePosixPath(str(f)).parts
-    if parts and not parts[0].endswith((".dist-info", ".pth")) and parts[0] != "__editable__":
-      top_level.add(parts[0])
-  assert "tasks" not in top_level
-  # The console script is declared.
-  scripts = {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"}
+def test_console_script_is_declared():
+  from importlib.metadata import entry_points
+  scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
   assert scripts["t5lite"] == "t5lite.cli:main"
