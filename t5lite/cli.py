@@ -68,8 +68,9 @@ def _not_available(verb: str) -> int:
 def _smoke(args) -> int:
   losses = smoke.run(gin_config.model_config(), steps=args.steps, batch_size=args.batch_size,
                      length=args.length, seed=args.seed)
-  first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
-  print(f"smoke: mean loss of the first 3 steps {first:.4f}, of the last 3 {last:.4f}")
+  k = min(3, len(losses))
+  first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+  print(f"smoke: mean loss of the first {k} steps {first:.4f}, of the last {k} {last:.4f}")
   if not last < first:
     print("smoke: FAILED, the loss did not fall", file=sys.stderr)
     return 1

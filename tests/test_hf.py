@@ -132,14 +132,49 @@ def test_sharded_bin_and_bf16_checkpoints(tmp_path):
   config, params = t5lite.load_hf(str(legacy))
   assert_parity(t5lite.logits(config, params, enc, dec), reference)
 
+  sharded_bin = tmp_path / "sharded_bin"
+  sharded_bin.mkdir()
+  state = model.state_dict()
+  names = sorted(state)
+  halves = {"pytorch_model-00001-of-00002.bin": names[::2],
+            "pytorch_model-00002-of-00002.bin": names[1::2]}
+  for shard, keys in halves.items():
+    torch.save({k: state[k] for k in keys}, sharded_bin / shard)
+  weight_map = {k: shard for shard, keys in halves.items() for k in keys}
+  (sharded_bin / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  (sharded_bin / "config.json").write_text(json.dumps(model.config.to_dict()))
+  config, params = t5lite.load_hf(str(sharded_bin))
+  assert_parity(t5lite.logits(config, params, enc, dec), reference)
+
   half = str(tmp_path / "bf16")
   model.to(torch.bfloat16).save_pretrained(half)
-  config, params = t5lite.load_hf(half)
-  assert config.param_dtype == "bfloat16"
-  assert params["token_embedder"]["embedding"].dtype == np.dtype("bfloat16")
-  np.testing.assert_array_equal(
-      np.asarray(params["token_embedder"]["embedding"], np.float32),
-      model.shared.weight.detach().float().numpy())
+  for directory in (half, str(legacy)):
+    if directory == str(legacy):  # a bf16 .bin: numpy has no bfloat16, the bits are kept
+      torch.save(model.state_dict(), legacy / "pytorch_model.bin")
+    config, params = t5lite.load_hf(directory)
+    assert config.param_dtype == "bfloat16"
+    assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("bfloat16")}
+    np.testing.assert_array_equal(
+        np.asarray(params["token_embedder"]["embedding"], np.float32),
+        model.shared.weight.detach().float().numpy())
+  # Casting on request: every leaf takes the asked dtype.
+  config, params = t5lite.load_hf(half, param_dtype="float32")
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("float32")}
+
+
+def test_float16_checkpoints_with_float32_wo_load_as_one_dtype(tmp_path):
+  """HF keeps `wo` in float32 inside float16 models (_keep_in_fp32_modules)."""
+  model = make_hf_model("v1_1_untied_gated_gelu", seed=6)
+  model.save_pretrained(tmp_path)
+  half = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float16)
+  half.save_pretrained(tmp_path / "fp16")
+  stored = safetensors.numpy.load_file(str(tmp_path / "fp16" / "model.safetensors"))
+  assert {str(v.dtype) for v in stored.values()} == {"float16", "float32"}
+  config, params = t5lite.load_hf(str(tmp_path / "fp16"))
+  assert config.param_dtype == "float16"
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("float16")}
+  shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), t5lite.models.abstract_params(config))
+  assert jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), params) == shapes
 
 
 def test_logits_accepts_one_example():
@@ -177,5 +212,13 @@ def test_missing_or_misshapen_tensors_are_named(saved_hf, tmp_path):
     hf_export.params_from_hf(config, {k: v for k, v in tensors.items() if k != name})
   with pytest.raises(ValueError, match="shared.weight"):
     hf_export.params_from_hf(config, {**tensors, "shared.weight": tensors["shared.weight"][:-1]})
+  # A square kernel in the wrong layout: same size, transposed shape.
+  q = "encoder.block.0.layer.0.SelfAttention.q.weight"
+  wrong = np.zeros(tensors[q].shape[::-1] + (1,), tensors[q].dtype)[..., 0]
+  if wrong.shape != tensors[q].shape:
+    with pytest.raises(ValueError, match="expected"):
+      hf_export.params_from_hf(config, {**tensors, q: wrong})
   with pytest.raises(FileNotFoundError, match="config.json"):
     t5lite.load_hf(str(tmp_path))
+  with pytest.raises(ValueError, match="architecture"):
+    t5lite.load_hf(path, tie_output_embedding=False)

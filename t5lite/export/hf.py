@@ -13,6 +13,7 @@ import os
 import warnings
 from typing import Mapping
 
+import ml_dtypes
 import numpy as np
 import safetensors.numpy
 from flax import traverse_util
@@ -27,6 +28,9 @@ FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()}
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
+# load_hf overrides may change how a model runs, never what it is.
+RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "dropout_rate")
 
 
 # --- config ---------------------------------------------------------------------------------
@@ -73,7 +77,7 @@ def config_to_hf(config: ModelConfig) -> dict:
 
 def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
   """ModelConfig from HF config.json contents; `tied` comes from the weights (see module doc)."""
-  if hf.get("model_type", "t5") != "t5":
+  if hf.get("model_type", "t5") not in ("t5", "mt5"):  # mT5 shares T5's layout
     raise ValueError(f"model_type={hf.get('model_type')!r}: only HF T5 checkpoints can be read")
   proj = hf.get("feed_forward_proj", "relu")
   if proj not in FROM_HF_ACTIVATION:
@@ -98,7 +102,7 @@ def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
       relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
       tie_output_embedding=tied,
       scale_logits=bool(scale),
-      dropout_rate=hf.get("dropout_rate", 0.0),
+      dropout_rate=hf.get("dropout_rate", 0.1),  # HF's T5Config default
   )
   values.update(overrides)
   return ModelConfig(**values)
@@ -159,6 +163,15 @@ def _from_torch_layout(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.n
   return (w if kind == "vec" else w.T).reshape(shape)
 
 
+def _torch_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The torch-layout shape of a param of `shape` (no array is built)."""
+  if kind == "q":
+    return (int(np.prod(shape[1:])), shape[0])
+  if kind == "o":
+    return (shape[-1], int(np.prod(shape[:-1])))
+  return tuple(reversed(shape)) if kind == "dense" else tuple(shape)
+
+
 def params_to_hf(config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
   """HF state dict (numpy, torch layout) from t5lite params (scanned or not)."""
   flat = traverse_util.flatten_dict(unscan_params(params))
@@ -175,35 +188,57 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> Pa
       raise KeyError(f"HF checkpoint lacks tensor {hf!r} needed for {'/'.join(path)}")
     w = np.asarray(tensors[hf])
     shape = tuple(shapes[path].shape)
-    if w.size != int(np.prod(shape)):
-      raise ValueError(f"HF tensor {hf!r} has shape {w.shape}, which does not fit "
-                       f"{'/'.join(path)} of shape {shape} for this config")
-    flat[path] = _from_torch_layout(kind, w, shape)
+    if w.shape != _torch_shape(kind, shape):
+      raise ValueError(f"HF tensor {hf!r} has shape {w.shape}, expected "
+                       f"{_torch_shape(kind, shape)} for {'/'.join(path)} of this config")
+    # One dtype for the whole tree (HF may keep `wo` in float32 inside a half checkpoint).
+    flat[path] = _from_torch_layout(kind, w, shape).astype(config.storage_dtype, copy=False)
   params = traverse_util.unflatten_dict(flat)
   return scan_params(params, config) if config.scan_layers else params
 
 
 # --- files ----------------------------------------------------------------------------------
 
+def _torch_to_numpy(tensor) -> np.ndarray:
+  import torch
+  if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
+    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
+  import torch  # only needed for legacy .bin checkpoints
+  tensors = {}
+  for path in paths:
+    # weights_only=True: tensors and plain containers only, never arbitrary unpickling.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    tensors.update({k: _torch_to_numpy(v) for k, v in state.items()})
+  return tensors
+
+
+def _index_shards(index_path: str) -> list[str]:
+  with open(index_path) as f:
+    shards = sorted(set(json.load(f)["weight_map"].values()))
+  return [os.path.join(os.path.dirname(index_path), shard) for shard in shards]
+
+
 def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of an HF directory: model.safetensors, a sharded index, or (only via
-  torch.load(weights_only=True), never a plain unpickle) pytorch_model.bin."""
-  single, index, torch_file = (os.path.join(path, f) for f in (WEIGHTS_FILE, INDEX_FILE, TORCH_FILE))
-  if os.path.exists(single):
-    return safetensors.numpy.load_file(single)
-  if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+  """All tensors of an HF directory: model.safetensors or its sharded index, else (through
+  torch.load(weights_only=True), never a plain unpickle) pytorch_model.bin or its index."""
+  candidates = {name: os.path.join(path, name) for name in
+                (WEIGHTS_FILE, INDEX_FILE, TORCH_FILE, TORCH_INDEX_FILE)}
+  if os.path.exists(candidates[WEIGHTS_FILE]):
+    return safetensors.numpy.load_file(candidates[WEIGHTS_FILE])
+  if os.path.exists(candidates[INDEX_FILE]):
     tensors = {}
-    for shard in shards:
-      tensors.update(safetensors.numpy.load_file(os.path.join(path, shard)))
+    for shard in _index_shards(candidates[INDEX_FILE]):
+      tensors.update(safetensors.numpy.load_file(shard))
     return tensors
-  if os.path.exists(torch_file):
-    import torch  # only needed for legacy .bin checkpoints
-    state = torch.load(torch_file, map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
-            for k, v in state.items()}
-  raise FileNotFoundError(f"no {WEIGHTS_FILE}, {INDEX_FILE} or {TORCH_FILE} in {path}")
+  if os.path.exists(candidates[TORCH_FILE]):
+    return _read_torch_files([candidates[TORCH_FILE]])
+  if os.path.exists(candidates[TORCH_INDEX_FILE]):
+    return _read_torch_files(_index_shards(candidates[TORCH_INDEX_FILE]))
+  raise FileNotFoundError(f"no weights in {path}: looked for {', '.join(candidates)}")
 
 
 def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
@@ -212,12 +247,18 @@ def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
   Works for transformers 4.x-era and 5.x checkpoints. config_overrides (e.g.
   scan_layers=True, dtype='bfloat16') change how the model runs, not what it is.
   """
+  bad = sorted(set(config_overrides) - set(RUNTIME_FIELDS))
+  if bad:
+    raise ValueError(f"load_hf overrides {bad} would change the checkpoint's architecture; "
+                     f"only {RUNTIME_FIELDS} may be overridden")
   config_file = os.path.join(path, "config.json")
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"{config_file} not found: is {path} an HF model directory?")
   with open(config_file) as f:
     hf_config = json.load(f)
   tensors = read_hf_tensors(path)
+  if "shared.weight" not in tensors:
+    raise KeyError(f"{path} holds no 'shared.weight': not an HF T5 checkpoint")
   shared = tensors["shared.weight"]
   lm_head = tensors.get("lm_head.weight")
   tied = lm_head is None or np.array_equal(lm_head, shared)

@@ -74,7 +74,7 @@ class MultiHeadAttention(nn.Module):
     constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "kv"))
     query, key, value = constrain(query), constrain(key), constrain(value)  # (B, L, H, K)
 
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) + bias
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
     out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)

@@ -72,7 +72,9 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)  # (B, L, D)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    return jnp.einsum("bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype))
+    """Tied output projection; logits accumulate and stay in float32 even for bf16 inputs."""
+    return jnp.einsum("bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype),
+                      preferred_element_type=jnp.float32)
 
 
 class Norm(nn.Module):

@@ -44,8 +44,9 @@ def _per_segment_weights(weights: jax.Array, segment_ids: jax.Array | None) -> j
   if segment_ids is None:
     total = jnp.sum(weights, axis=-1, keepdims=True)
     return weights / jnp.where(total > 0, total, 1.0)
-  same = segment_ids[..., :, None] == segment_ids[..., None, :]  # (B, T, T)
-  totals = jnp.einsum("btu,bu->bt", same.astype(weights.dtype), weights)
+  length = segment_ids.shape[-1]
+  per_row = lambda w, s: jax.ops.segment_sum(w, s, num_segments=length + 1)[s]  # O(T) per row
+  totals = jax.vmap(per_row)(weights, segment_ids.astype(jnp.int32))
   return weights / jnp.where(totals > 0, totals, 1.0)
 
 

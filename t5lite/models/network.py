@@ -16,8 +16,16 @@ from t5lite.models.layers import ACTIVATION_FNS, Dense, Embed, Norm
 from t5lite.models.transformer import Decoder, Encoder, LogitsHead, default_positions
 
 
-def _segments_or(segment_ids, default):
-  return default if segment_ids is None else segment_ids
+def _encoder_defaults(tokens, segment_ids, positions):
+  """Missing encoder segment ids mask padding (token 0), as T5X does; positions 0..L-1."""
+  segment_ids = (tokens > 0).astype(jnp.int32) if segment_ids is None else segment_ids
+  return segment_ids, default_positions(tokens) if positions is None else positions
+
+
+def _decoder_defaults(tokens, segment_ids, positions):
+  """Missing decoder segment ids make one segment (causal masking covers padding)."""
+  segment_ids = jnp.ones_like(tokens, dtype=jnp.int32) if segment_ids is None else segment_ids
+  return segment_ids, default_positions(tokens) if positions is None else positions
 
 
 class _Model(nn.Module):
@@ -30,9 +38,7 @@ class _Model(nn.Module):
     return Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, cfg.storage_dtype)
 
   def _encode(self, tokens, segment_ids, positions):
-    segment_ids = _segments_or(segment_ids, (tokens > 0).astype(jnp.int32))
-    positions = default_positions(tokens) if positions is None else positions
-    return self.encoder(tokens, segment_ids, positions)
+    return self.encoder(tokens, *_encoder_defaults(tokens, segment_ids, positions))
 
 
 class EncoderDecoder(_Model):
@@ -48,15 +54,14 @@ class EncoderDecoder(_Model):
 
   def decode(self, encoded, encoder_segment_ids, decoder_input_tokens,
              decoder_segment_ids=None, decoder_positions=None):
-    tokens = decoder_input_tokens
-    segment_ids = _segments_or(decoder_segment_ids, jnp.ones_like(tokens, dtype=jnp.int32))
-    positions = default_positions(tokens) if decoder_positions is None else decoder_positions
-    return self.decoder(tokens, segment_ids, positions, encoded, encoder_segment_ids)
+    segment_ids, positions = _decoder_defaults(decoder_input_tokens, decoder_segment_ids,
+                                               decoder_positions)
+    return self.decoder(decoder_input_tokens, segment_ids, positions, encoded, encoder_segment_ids)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
                decoder_segment_ids=None, encoder_positions=None, decoder_positions=None):
-    encoder_segment_ids = _segments_or(encoder_segment_ids,
-                                       (encoder_input_tokens > 0).astype(jnp.int32))
+    encoder_segment_ids, encoder_positions = _encoder_defaults(
+        encoder_input_tokens, encoder_segment_ids, encoder_positions)
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
     return self.decode(encoded, encoder_segment_ids, decoder_input_tokens,
                        decoder_segment_ids, decoder_positions)
@@ -76,10 +81,10 @@ class DecoderOnly(_Model):
       raise ValueError("a prefix_lm model needs decoder_causal_attention (1 on prefix positions)")
     if not self.config.prefix_lm and decoder_causal_attention is not None:
       raise ValueError("decoder_causal_attention was given but the config has prefix_lm=False")
-    tokens = decoder_input_tokens
-    segment_ids = _segments_or(decoder_segment_ids, jnp.ones_like(tokens, dtype=jnp.int32))
-    positions = default_positions(tokens) if decoder_positions is None else decoder_positions
-    return self.decoder(tokens, segment_ids, positions, causal_attention=decoder_causal_attention)
+    segment_ids, positions = _decoder_defaults(decoder_input_tokens, decoder_segment_ids,
+                                               decoder_positions)
+    return self.decoder(decoder_input_tokens, segment_ids, positions,
+                        causal_attention=decoder_causal_attention)
 
 
 class EncoderOnly(_Model):
