@@ -27,6 +27,12 @@ setup(
         "gin-config>=0.5.0",
         "numpy>=2.0",
         "safetensors>=0.6.0",
+        "array-record>=0.8.0",
+        "pyarrow>=15.0",
+        "protobuf>=4.21",
+        "scipy>=1.10",
+        "rouge-score>=0.1.2",
+        "sacrebleu>=2.4",
     ],
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a

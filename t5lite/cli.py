@@ -18,8 +18,6 @@ GIN_VERBS = {
 PLAIN_VERBS = {
     "export": "export a checkpoint to HF transformers or a serving artifact (not available yet)",
     "import": "import HF transformers or T5X checkpoints (not available yet)",
-    "tasks": "list, show and measure registered tasks (not available yet)",
-    "cache": "pre-tokenize a task into array_record files (not available yet)",
     "bench": "benchmarks against HF transformers (not available yet)",
     "plot": "plot the loss curves of a model dir (not available yet)",
     "launch": "print per-host commands for pod jobs (not available yet)",
@@ -27,7 +25,7 @@ PLAIN_VERBS = {
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
     "train": "the trainer", "eval": "evaluation", "infer": "decoding", "export": "export",
-    "import": "import", "tasks": "the data layer", "cache": "the data layer",
+    "import": "import",
     "bench": "the benchmarks", "plot": "the trainer's metrics", "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):
@@ -53,10 +51,75 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--batch_size", type=int, default=8)
   smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
   smoke.add_argument("--seed", type=int, default=0)
+  _add_data_verbs(verbs)
   for verb, text in PLAIN_VERBS.items():
     sub = verbs.add_parser(verb, help=text, description=text)
     sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
   return parser
+
+
+def _lengths(text: str) -> dict[str, int]:
+  """'inputs=512,targets=114' -> {'inputs': 512, 'targets': 114}."""
+  try:
+    return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"expected NAME=LENGTH,..., got {text!r}") from e
+
+
+def _add_data_verbs(verbs) -> None:
+  tasks = verbs.add_parser("tasks", help="list, show and measure registered tasks",
+                           description="Registered tasks come from t5lite_tasks and --module.")
+  tasks.add_argument("--module", action="append", default=[],
+                     help="also import this module (it registers more tasks); repeatable")
+  sub = tasks.add_subparsers(dest="tasks_verb", metavar="list|show|stats", required=True)
+  sub.add_parser("list", help="every task and mixture")
+  for name, text in (("show", "raw, preprocessed and decoded examples"),
+                     ("stats", "token counts and packing efficiency")):
+    p = sub.add_parser(name, help=text)
+    p.add_argument("name")
+    p.add_argument("--split", default="train")
+    p.add_argument("--lengths", type=_lengths, default={"inputs": 512, "targets": 114},
+                   help="task feature lengths, e.g. inputs=512,targets=114")
+    if name == "show":
+      p.add_argument("-n", type=int, default=3, help="examples to show")
+    else:
+      p.add_argument("--max_examples", type=int, default=1000)
+      p.add_argument("--architecture", default="encoder_decoder",
+                     choices=("encoder_decoder", "decoder_only", "encoder_only"))
+  cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
+                           "array_record shards (training reads them with USE_CACHED_TASKS)")
+  cache.add_argument("name")
+  cache.add_argument("--split", action="append", help="split(s) to cache (default: all)")
+  cache.add_argument("--cache_dir", default=None, help="default: $T5LITE_CACHE_DIR or "
+                     "~/.cache/t5lite/tasks")
+  cache.add_argument("--worker_index", type=int, default=0)
+  cache.add_argument("--num_workers", type=int, default=1,
+                     help="split the work over N workers or hosts, each writing its own shard")
+  cache.add_argument("--module", action="append", default=[])
+
+
+def _data_verb(args) -> int:
+  import importlib
+  import json
+  import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
+  from t5lite.data import cache, describe, registry
+  for module in args.module:
+    importlib.import_module(module)
+  if args.verb == "cache":
+    task = registry.TaskRegistry.get(args.name)
+    for split in args.split or task.splits or ["train"]:
+      info = cache.cache_task(task, split, args.cache_dir, worker_index=args.worker_index,
+                              num_workers=args.num_workers)
+      print(json.dumps(info))
+    return 0
+  if args.tasks_verb == "list":
+    print(describe.list_tasks())
+  elif args.tasks_verb == "show":
+    print(describe.show_task(args.name, args.split, args.lengths, args.n))
+  else:
+    print(json.dumps(describe.task_stats(args.name, args.split, args.lengths, args.max_examples,
+                                         args.architecture), indent=2))
+  return 0
 
 
 def _not_available(verb: str) -> int:
@@ -89,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
       gin_config.parse(gin_files, bindings)
     if args.verb == "smoke":
       return _smoke(args)
+    if args.verb in ("tasks", "cache"):
+      return _data_verb(args)
     return _not_available(args.verb)
-  except gin_config.GinConfigError as e:
-    print(f"t5lite: error: {e}", file=sys.stderr)
+  except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError) as e:
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"t5lite: error: {message}", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,21 @@
+"""seqio-like data layer on grain: vocabularies, sources, preprocessors, objectives, tasks,
+feature converters with packing, and deterministic, resumable, topology-independent batches.
+
+Stable API: span_corruption(tokens, *, seed, vocab_size, ...) and span_corruption_lengths().
+Modules: vocabularies, sources (+ tfds_source, tfrecord), preprocessors, corruption (T5 span
+corruption), objectives (MLM, prefix LM, text infilling), pretraining (objective chains),
+registry (Task, Mixture), converters (packing), pipeline (batches), cache, describe.
+"""
+from t5lite.data.corruption import span_corruption, span_corruption_lengths
+from t5lite.data.pipeline import PipelineConfig, get_dataset
+from t5lite.data.registry import (CACHE_POINT, Feature, Mixture, MixtureRegistry, Task,
+                                  TaskRegistry, add_mixture, add_task, get_mixture_or_task)
+from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary, Vocabulary,
+                                      train_sentencepiece)
+
+__all__ = [
+    "span_corruption", "span_corruption_lengths", "PipelineConfig", "get_dataset",
+    "CACHE_POINT", "Feature", "Mixture", "MixtureRegistry", "Task", "TaskRegistry", "add_task",
+    "add_mixture", "get_mixture_or_task", "Vocabulary", "SentencePieceVocabulary",
+    "ByteVocabulary", "train_sentencepiece",
+]

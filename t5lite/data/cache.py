@@ -1,0 +1,114 @@
+"""Task caching: run the preprocessors before CACHE_POINT once, into array_record shards.
+
+Layout: CACHE_DIR/<task>/<split>/shard-WWWWW-of-NNNNN.array_record, each with a
+.json beside it (written last, so a shard without one is unfinished and never read).
+Examples are msgpack (flax.serialization): numpy arrays, strings and numbers, no pickle.
+Worker w of N caches source indices w, w+N, ...; N workers can be N hosts.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import grain
+from array_record.python import array_record_data_source, array_record_module
+from flax import serialization
+
+from t5lite.data.pipeline import apply_preprocessors, derive_seed
+from t5lite.data.registry import Task
+
+CACHE_ENV = "T5LITE_CACHE_DIR"
+
+
+def cache_root(cache_dir: str | None = None) -> str:
+  """cache_dir, else $T5LITE_CACHE_DIR, else ~/.cache/t5lite/tasks."""
+  return cache_dir or os.environ.get(CACHE_ENV) or os.path.expanduser("~/.cache/t5lite/tasks")
+
+
+def task_cache_dir(task: Task, split: str, cache_dir: str | None = None) -> str:
+  return os.path.join(cache_root(cache_dir), task.name, split)
+
+
+def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_index: int = 0,
+               num_workers: int = 1) -> dict:
+  """Writes this worker's shard; returns its info ({'examples': n, ...})."""
+  if task.cache_index is None:
+    raise ValueError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
+                     "there is nothing to cache")
+  if not 0 <= worker_index < num_workers:
+    raise ValueError(f"worker_index {worker_index} is not in [0, {num_workers})")
+  out_dir = task_cache_dir(task, split, cache_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
+  source = task.get_source(split)
+  ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))
+  steps = list(enumerate(task.preprocessors))[:task.cache_index]
+  ds = apply_preprocessors(ds.to_iter_dataset(), task, steps, sequence_length=None,
+                           seed=derive_seed("cache", task.name, split))
+  tmp = os.path.join(out_dir, name + ".array_record.tmp")
+  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+  count = 0
+  for example in ds:
+    writer.write(serialization.msgpack_serialize(dict(example)))
+    count += 1
+  writer.close()
+  os.replace(tmp, os.path.join(out_dir, name + ".array_record"))
+  info = {"task": task.name, "split": split, "examples": count, "worker_index": worker_index,
+          "num_workers": num_workers, "source_examples": len(source)}
+  with open(os.path.join(out_dir, name + ".json"), "w") as f:
+    json.dump(info, f)
+  return info
+
+
+class CachedSource:
+  """Random access over a complete cache (all shards of one split).
+
+  When no cached preprocessor dropped an example, example i of the source is example i
+  here too (worker i % N wrote it as its (i // N)-th record), so cached and uncached
+  training see the same batches. Otherwise the shards are read one after another.
+  """
+
+  def __init__(self, paths: list[str], infos: list[dict]):
+    self._paths = paths
+    self._shards = [array_record_data_source.ArrayRecordDataSource([p]) for p in paths]
+    self._sizes = [len(shard) for shard in self._shards]
+    self._interleaved = sum(self._sizes) == infos[0]["source_examples"]
+    self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
+
+  def __len__(self) -> int:
+    return sum(self._sizes)
+
+  def __getitem__(self, index: int) -> dict:
+    if not 0 <= index < len(self):
+      raise IndexError(f"index {index} out of range for {len(self)} cached examples")
+    if self._interleaved:
+      shard, position = index % len(self._shards), index // len(self._shards)
+    else:
+      shard = max(i for i, start in enumerate(self._offsets) if start <= index)
+      position = index - self._offsets[shard]
+    return serialization.msgpack_restore(self._shards[shard][position])
+
+  def __repr__(self) -> str:
+    return f"CachedSource({os.path.dirname(self._paths[0])}, {len(self)} examples)"
+
+
+def cached_source(task: Task, split: str, cache_dir: str | None = None) -> CachedSource:
+  """The cache of a task split; a clear error when it is missing or unfinished."""
+  if task.cache_index is None:
+    raise ValueError(f"USE_CACHED_TASKS is on but task {task.name!r} has no CACHE_POINT")
+  directory = task_cache_dir(task, split, cache_dir)
+  infos = sorted(glob.glob(os.path.join(directory, "shard-*.json")))
+  how = f"run `t5lite cache {task.name} --split {split}` (or turn USE_CACHED_TASKS off)"
+  if not infos:
+    raise FileNotFoundError(f"no cache for task {task.name!r} split {split!r} in {directory}: {how}")
+  with open(infos[0]) as f:
+    expected = json.load(f)["num_workers"]
+  if len(infos) != expected:
+    raise FileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} has "
+                            f"{len(infos)} of {expected} finished shards: {how}")
+  meta = []
+  for path in infos:
+    with open(path) as f:
+      meta.append(json.load(f))
+  return CachedSource([p[:-len(".json")] + ".array_record" for p in infos], meta)

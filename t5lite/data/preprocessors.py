@@ -1,0 +1,128 @@
+"""Per-example preprocessors: small composable functions over example dicts.
+
+A preprocessor takes an example (dict of str / numpy arrays) and returns the new example,
+or None to drop it. It may ask for keyword arguments by name, which the pipeline passes
+(as seqio does): `output_features` (the task's Features), `sequence_length` (the task
+feature lengths), `rng` (a numpy Generator seeded per example: deterministic and
+resumable) and `seed` (an int per preprocessor and batch row). Functions marked with
+@stream_preprocessor instead take and return a whole grain IterDataset (many-to-many steps
+such as concatenate-and-split).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+Example = dict[str, Any]
+INJECTABLE = ("output_features", "sequence_length", "rng", "seed")
+
+
+def stream_preprocessor(fn: Callable) -> Callable:
+  """Marks fn(ds: grain.IterDataset, **injected) -> grain.IterDataset."""
+  fn.t5lite_stream = True
+  return fn
+
+
+def is_stream(fn: Callable) -> bool:
+  return getattr(fn, "t5lite_stream", False)
+
+
+def wanted_kwargs(fn: Callable) -> set[str]:
+  """Which injectable keyword arguments fn declares."""
+  try:
+    params = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return set()
+  return {name for name in INJECTABLE if name in params}
+
+
+def rekey(key_map: Mapping[str, str | None]) -> Callable[[Example], Example]:
+  """Renames features; a None source makes an empty string (seqio's convention).
+
+  Example: rekey({"inputs": None, "targets": "text"})({"text": "hi", "id": 3})
+    -> {"inputs": "", "targets": "hi"}
+  """
+  def apply(ex: Example) -> Example:
+    missing = [src for src in key_map.values() if src is not None and src not in ex]
+    if missing:
+      raise KeyError(f"rekey: example has no {missing}; it has {sorted(ex)}")
+    return {new: ("" if old is None else ex[old]) for new, old in key_map.items()}
+  apply.__name__ = f"rekey({dict(key_map)})"
+  return apply
+
+
+def tokenize(ex: Example, output_features, copy_pretokenized: bool = True) -> Example:
+  """Encodes each output feature's text with its vocabulary (no EOS), keeping the text
+  as `<name>_pretokenized`.
+
+  Example (byte vocabulary): {"targets": "hi"} -> {"targets": [107, 108],
+    "targets_pretokenized": "hi"}
+  """
+  out = dict(ex)
+  for name, feature in output_features.items():
+    if name in ex and isinstance(ex[name], (str, bytes)):
+      text = ex[name].decode("utf-8") if isinstance(ex[name], bytes) else ex[name]
+      out[name] = np.asarray(feature.vocabulary.encode(text), np.int32)
+      if copy_pretokenized:
+        out[f"{name}_pretokenized"] = text
+  return out
+
+
+def append_eos(ex: Example, output_features) -> Example:
+  """Appends EOS (id 1) to features whose Feature has add_eos.
+
+  Example: {"targets": [5, 6]} -> {"targets": [5, 6, 1]}
+  """
+  out = dict(ex)
+  for name, feature in output_features.items():
+    if feature.add_eos and name in ex:
+      out[name] = np.append(np.asarray(ex[name], np.int32), np.int32(1))
+  return out
+
+
+def trim(ex: Example, sequence_length) -> Example:
+  """Cuts token features to their sequence length.
+
+  Example: sequence_length {"targets": 2}: {"targets": [5, 6, 7]} -> {"targets": [5, 6]}
+  """
+  out = dict(ex)
+  for name, length in sequence_length.items():
+    if name in ex and length is not None:
+      out[name] = np.asarray(ex[name])[:length]
+  return out
+
+
+def append_eos_after_trim(ex: Example, output_features, sequence_length) -> Example:
+  """Trims to length - 1, then appends EOS, so EOS always survives (T5's choice).
+
+  Example: lengths {"targets": 3}: {"targets": [5, 6, 7, 8]} -> {"targets": [5, 6, 1]}
+  """
+  out = dict(ex)
+  for name, feature in output_features.items():
+    if name not in ex or not feature.add_eos:
+      continue
+    tokens = np.asarray(ex[name], np.int32)
+    length = sequence_length.get(name) if sequence_length else None
+    if length is not None:
+      tokens = tokens[:length - 1]
+    out[name] = np.append(tokens, np.int32(1))
+  return out
+
+
+def filter_empty(ex: Example, output_features) -> Example | None:
+  """Drops examples whose output features are all empty (strings or token arrays).
+
+  Example: {"inputs": "", "targets": ""} -> None; {"inputs": "", "targets": "a"} -> kept
+  """
+  present = [ex[name] for name in output_features if name in ex]
+  return ex if any(len(v) for v in present) else None
+
+
+def filter_by(predicate: Callable[[Example], bool]) -> Callable[[Example], Example | None]:
+  """A preprocessor that keeps the examples for which predicate(example) is true."""
+  def apply(ex: Example) -> Example | None:
+    return ex if predicate(ex) else None
+  apply.__name__ = f"filter_by({getattr(predicate, '__name__', 'predicate')})"
+  return apply

@@ -1,0 +1,203 @@
+"""Tasks, mixtures and their registries (seqio's vocabulary, without TensorFlow).
+
+A Task is a source (per split) + preprocessors + output features + postprocessing +
+metrics. A Mixture samples its tasks by rate. Registering validates names (no path
+separators, no '..') and rejects duplicates; an unknown name lists the closest ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from t5lite.data.vocabularies import Vocabulary
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+  """One output feature of a task (e.g. 'inputs' or 'targets')."""
+  vocabulary: Vocabulary
+  add_eos: bool = True
+  """append_eos / append_eos_after_trim add EOS (id 1) to this feature."""
+  required: bool = True
+  """Examples must carry it after preprocessing (the converter fails loudly otherwise)."""
+
+
+class CachePoint:
+  """Marks where `t5lite cache` stops: preprocessors before it run once, offline."""
+
+  def __repr__(self):
+    return "CACHE_POINT"
+
+
+CACHE_POINT = CachePoint()
+
+SourceFactory = Callable[[str], Any]  # split -> random-access data source
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A named text-to-text task.
+
+  source: {split: data source or zero-argument factory}, or a function split -> source.
+  preprocessors: functions applied in order (see t5lite.data.preprocessors); CACHE_POINT
+    may appear once, after the deterministic ones.
+  postprocess_fn: decoded text (and the example) -> value compared by metric_fns.
+  metric_fns: functions (targets, predictions) -> {name: value}.
+  shuffle_buffer_size: None shuffles each split fully (a seeded index permutation);
+    an int shuffles within windows of that many examples.
+  """
+  name: str
+  source: Mapping[str, Any] | SourceFactory
+  output_features: Mapping[str, Feature]
+  preprocessors: Sequence[Callable | CachePoint] = ()
+  postprocess_fn: Callable | None = None
+  metric_fns: Sequence[Callable] = ()
+  shuffle_buffer_size: int | None = None
+
+  def __post_init__(self):
+    validate_name(self.name, "task")
+    if sum(p is CACHE_POINT for p in self.preprocessors) > 1:
+      raise ValueError(f"task {self.name!r}: CACHE_POINT may appear at most once")
+    if not self.output_features:
+      raise ValueError(f"task {self.name!r} needs output_features")
+
+  @property
+  def splits(self) -> tuple[str, ...] | None:
+    """Known split names, or None when the source is a function of the split."""
+    return tuple(self.source) if isinstance(self.source, Mapping) else None
+
+  def get_source(self, split: str):
+    """The random-access data source of a split (built on first use)."""
+    if isinstance(self.source, Mapping):
+      if split not in self.source:
+        raise ValueError(f"task {self.name!r} has no split {split!r}; splits: {sorted(self.source)}")
+      source = self.source[split]
+      return source() if callable(source) and not hasattr(source, "__getitem__") else source
+    return self.source(split)
+
+  @property
+  def cache_index(self) -> int | None:
+    """Position of CACHE_POINT in preprocessors, or None."""
+    for i, p in enumerate(self.preprocessors):
+      if p is CACHE_POINT:
+        return i
+    return None
+
+  @property
+  def vocabularies(self) -> dict[str, Vocabulary]:
+    return {k: f.vocabulary for k, f in self.output_features.items()}
+
+
+RateFn = Callable[[Task], float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+  """Tasks sampled in proportion to rates: numbers, or a function of the task
+  (e.g. `rate_num_examples`). Mixtures may contain mixtures (flattened)."""
+  name: str
+  tasks: Sequence[tuple[str, float | RateFn] | str]
+  default_rate: float | RateFn | None = None
+
+  def __post_init__(self):
+    validate_name(self.name, "mixture")
+    if not self.tasks:
+      raise ValueError(f"mixture {self.name!r} has no tasks")
+
+  def task_rates(self, split: str = "train") -> list[tuple[Task, float]]:
+    """(task, rate) pairs with sub-mixtures flattened, rates normalized within each."""
+    out: list[tuple[Task, float]] = []
+    for entry in self.tasks:
+      name, rate = entry if isinstance(entry, tuple) else (entry, self.default_rate)
+      if rate is None:
+        raise ValueError(f"mixture {self.name!r}: {name!r} has no rate and no default_rate")
+      if name in MixtureRegistry._registry:
+        sub = MixtureRegistry.get(name).task_rates(split)
+        total = sum(r for _, r in sub)
+        weight = rate if not callable(rate) else sum(rate(t) for t, _ in sub)
+        out.extend((t, weight * r / total) for t, r in sub)
+      else:
+        task = TaskRegistry.get(name)
+        out.append((task, rate(task) if callable(rate) else float(rate)))
+    if any(r < 0 for _, r in out) or not sum(r for _, r in out) > 0:
+      raise ValueError(f"mixture {self.name!r}: rates must be >= 0 with a positive sum")
+    return out
+
+
+def rate_num_examples(task: Task, split: str = "train", maximum: int | None = None,
+                      scale: float = 1.0) -> float:
+  """Rate proportional to a task's number of examples (T5's examples-proportional mixing)."""
+  n = len(task.get_source(split))
+  return scale * (min(n, maximum) if maximum else n)
+
+
+def validate_name(name: str, kind: str) -> None:
+  if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    raise ValueError(f"invalid {kind} name {name!r}: use letters, digits and _ . : - "
+                     "(no path separators, no '..')")
+
+
+class _Registry:
+  _registry: dict[str, Any]
+  _kind = "task"
+
+  @classmethod
+  def add(cls, item):
+    if item.name in TaskRegistry._registry or item.name in MixtureRegistry._registry:
+      raise ValueError(f"{item.name!r} is already registered; names of tasks and mixtures "
+                       "are unique (remove it first to redefine it)")
+    cls._registry[item.name] = item
+    return item
+
+  @classmethod
+  def remove(cls, name: str) -> None:
+    cls._registry.pop(name, None)
+
+  @classmethod
+  def names(cls) -> list[str]:
+    return sorted(cls._registry)
+
+  @classmethod
+  def get(cls, name: str):
+    if name not in cls._registry:
+      near = difflib.get_close_matches(name, list(cls._registry), n=5, cutoff=0.4)
+      hint = f"; closest: {', '.join(near)}" if near else ""
+      raise KeyError(f"unknown {cls._kind} {name!r}{hint} "
+                     f"({len(cls._registry)} registered; `t5lite tasks list` shows them)")
+    return cls._registry[name]
+
+
+class TaskRegistry(_Registry):
+  _registry: dict[str, Task] = {}
+  _kind = "task"
+
+
+class MixtureRegistry(_Registry):
+  _registry: dict[str, Mixture] = {}
+  _kind = "mixture"
+
+
+def get_mixture_or_task(name: str) -> Task | Mixture:
+  """A registered task or mixture; the error lists near names of both kinds."""
+  if name in MixtureRegistry._registry:
+    return MixtureRegistry._registry[name]
+  if name in TaskRegistry._registry:
+    return TaskRegistry._registry[name]
+  everything = list(TaskRegistry._registry) + list(MixtureRegistry._registry)
+  near = difflib.get_close_matches(name, everything, n=5, cutoff=0.4)
+  hint = f"; closest: {', '.join(near)}" if near else ""
+  raise KeyError(f"unknown task or mixture {name!r}{hint}")
+
+
+def add_task(name: str, source, output_features, preprocessors=(), **kwargs) -> Task:
+  """Creates and registers a Task."""
+  return TaskRegistry.add(Task(name, source, output_features, tuple(preprocessors), **kwargs))
+
+
+def add_mixture(name: str, tasks, default_rate=None) -> Mixture:
+  """Creates and registers a Mixture."""
+  return MixtureRegistry.add(Mixture(name, tuple(tasks), default_rate))

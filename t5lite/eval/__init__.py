@@ -1,0 +1,1 @@
+"""Evaluation: metric functions and the evaluator."""
