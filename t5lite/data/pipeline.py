@@ -178,15 +178,20 @@ class BatchIterator:
             "rows": {str(r): self._iterators[r].get_state() for r in self.rows}}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    for key in ("global_batch_size", "seed"):
-      if state[key] != getattr(self.config, key):
-        raise ValueError(f"data state was saved with {key}={state[key]}, this run has "
-                         f"{getattr(self.config, key)}: the batch sequence would differ")
-    missing = [r for r in self.rows if str(r) not in state["rows"]]
-    if missing:
-      raise ValueError(f"data state lacks rows {missing[:5]}... (merge every process's state)")
+    check_state(self.config, self.rows, state)
     for r in self.rows:
       self._iterators[r].set_state(state["rows"][str(r)])
+
+
+def check_state(config: PipelineConfig, rows, state: Mapping[str, Any]) -> None:
+  """A saved state fits this run: same seed and global batch size, all our rows present."""
+  for key in ("global_batch_size", "seed"):
+    if state[key] != getattr(config, key):
+      raise ValueError(f"data state was saved with {key}={state[key]}, this run has "
+                       f"{getattr(config, key)}: the batch sequence would differ")
+  missing = [r for r in rows if str(r) not in state["rows"]]
+  if missing:
+    raise ValueError(f"data state lacks rows {missing[:5]}... (merge every process's state)")
 
 
 def merge_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -199,8 +204,12 @@ def merge_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def get_dataset(mixture_or_task_name: str, config: PipelineConfig, converter, *,
-                process_index: int = 0, process_count: int = 1) -> BatchIterator:
-  """The batch iterator for this process."""
+                process_index: int = 0, process_count: int = 1, num_workers: int = 0):
+  """The batch iterator for this process: in-process, or with rows spread over
+  `num_workers` worker processes (same batches, same states)."""
   item = get_mixture_or_task(mixture_or_task_name)
   rows = owned_rows(config.global_batch_size, process_index, process_count)
+  if num_workers:
+    from t5lite.data.workers import WorkerBatchIterator  # imports this module
+    return WorkerBatchIterator(item, config, converter, rows, num_workers)
   return BatchIterator({r: row_dataset(item, r, config, converter) for r in rows}, config)

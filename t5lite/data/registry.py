@@ -32,6 +32,9 @@ class CachePoint:
   def __repr__(self):
     return "CACHE_POINT"
 
+  def __reduce__(self):  # unpickles as the module's one instance, so `is CACHE_POINT` holds
+    return "CACHE_POINT"
+
 
 CACHE_POINT = CachePoint()
 
