@@ -70,6 +70,15 @@ def read_buffer(path: str) -> bytes | mmap.mmap:
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+def checked_index(index, length: int, owner) -> int:
+  """index as a non-negative int below length (negative counts from the end), or an
+  IndexError naming the source and its length."""
+  i = operator.index(index)
+  if not -length <= i < length:
+    raise IndexError(f"index {i} out of range for {owner!r} of length {length}")
+  return i % length
+
+
 def line_spans(buf: bytes | mmap.mmap) -> tuple[np.ndarray, np.ndarray]:
   """(starts, ends) byte offsets of the non-empty lines, without "\\n" / "\\r\\n".
 
@@ -162,11 +171,7 @@ class IndexedFileSource:
     return int(self._cumulative[-1])
 
   def __getitem__(self, index: int) -> dict[str, Any]:
-    length = len(self)
-    i = operator.index(index)
-    if not -length <= i < length:
-      raise IndexError(f"index {i} out of range for {self!r} of length {length}")
-    i %= length
+    i = checked_index(index, len(self), self)
     file_id = int(np.searchsorted(self._cumulative, i, side="right"))
     start = int(self._cumulative[file_id - 1]) if file_id else 0
     return self._example(file_id, i - start)

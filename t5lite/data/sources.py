@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import operator
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from t5lite.data.files import IndexedFileSource, Patterns, line_number, line_spans
+from t5lite.data.files import IndexedFileSource, Patterns, checked_index, line_number, line_spans
 from t5lite.data.files import expand_patterns, read_buffer  # noqa: F401 (re-export)
 from t5lite.data.tfds_source import TfdsSource, prepare_tfds_dataset  # noqa: F401 (re-export)
 
@@ -243,10 +242,7 @@ class FunctionSource:
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     examples = self._materialize()
-    i = operator.index(index)
-    if not -len(examples) <= i < len(examples):
-      raise IndexError(f"index {i} out of range for {self!r} of length {len(examples)}")
-    return dict(examples[i])
+    return dict(examples[checked_index(index, len(examples), self)])
 
   def __getstate__(self) -> dict[str, Any]:
     return {k: v for k, v in self.__dict__.items() if k != "_lock"}

@@ -11,13 +11,14 @@ TensorFlow and `importlib_resources`, neither of which we install).
 """
 from __future__ import annotations
 
-import operator
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+
+from t5lite.data.files import checked_index
 
 _PREPARE_HINT = (
     "Prepare it once in the array_record format: from local data with "
@@ -98,10 +99,7 @@ class TfdsSource:
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     source = self._open()
-    i = operator.index(index)
-    if not -len(source) <= i < len(source):
-      raise IndexError(f"index {i} out of range for {self!r} of length {len(source)}")
-    example = source[i % len(source)]
+    example = source[checked_index(index, len(source), self)]
     for path in self._text_keys:
       parent = example
       for key in path[:-1]:

@@ -13,7 +13,6 @@ record's data unchanged (for TFDS and C4: a serialized tf.train.Example), in inp
 from __future__ import annotations
 
 import json
-import operator
 import os
 import re
 import struct
@@ -23,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from t5lite.data import crc32c
-from t5lite.data.files import IndexedFileSource, Patterns, expand_patterns, read_buffer
+from t5lite.data.files import (IndexedFileSource, Patterns, checked_index, expand_patterns,
+                               read_buffer)
 from t5lite.data.tfrecord_example import parse_example
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
@@ -160,10 +160,7 @@ class ArrayRecordSource:
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     source = self._open()
-    i = operator.index(index)
-    if not -len(source) <= i < len(source):
-      raise IndexError(f"index {i} out of range for {self!r} of length {len(source)}")
-    data = source[i % len(source)]
+    data = source[checked_index(index, len(source), self)]
     if self.parser is not None:
       return self.parser(data)
     return parse_example(data, decode_text=self.decode_text, squeeze=self.squeeze)
