@@ -18,14 +18,13 @@ GIN_VERBS = {
 PLAIN_VERBS = {
     "export": "export a checkpoint to HF transformers or a serving artifact (not available yet)",
     "import": "import HF transformers or T5X checkpoints (not available yet)",
-    "bench": "benchmarks against HF transformers (not available yet)",
     "plot": "plot the loss curves of a model dir (not available yet)",
     "launch": "print per-host commands for pod jobs (not available yet)",
 }
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
     "train": "the trainer", "eval": "evaluation", "infer": "decoding", "export": "export",
-    "import": "import",
+    "import": "import", "bench train": "the trainer", "bench decode": "decoding",
     "bench": "the benchmarks", "plot": "the trainer's metrics", "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):
@@ -86,6 +85,10 @@ def _add_data_verbs(verbs) -> None:
       p.add_argument("--max_examples", type=int, default=1000)
       p.add_argument("--architecture", default="encoder_decoder",
                      choices=("encoder_decoder", "decoder_only", "encoder_only"))
+  bench = verbs.add_parser("bench", help="benchmarks side by side with HF (data now; train and "
+                           "decode arrive with the trainer and decoding)")
+  bench.add_argument("what", choices=("data", "train", "decode"))
+  bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
   cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
                            "array_record shards (training reads them with USE_CACHED_TASKS)")
   cache.add_argument("name")
@@ -154,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
       return _smoke(args)
     if args.verb in ("tasks", "cache"):
       return _data_verb(args)
+    if args.verb == "bench" and args.what == "data":
+      from t5lite.bench import data as data_bench  # needs the embedded corpus, not the model
+      return data_bench.main(args.args)
+    if args.verb == "bench":
+      return _not_available(f"bench {args.what}")
     return _not_available(args.verb)
   except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e

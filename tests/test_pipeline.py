@@ -197,3 +197,120 @@ def test_worker_processes_give_the_same_batches_and_states():
       assert_same(next(workers), want)
   finally:
     workers.close()
+
+
+def _ten():
+  return documents(10, "t")
+
+
+@pytest.fixture
+def small_tasks():
+  """Ten documents: for epochs that do not divide evenly over the rows."""
+  copy = [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, pp.append_eos_after_trim]
+  tasks = {"test_pipe_ten": dict(), "test_pipe_ten_window": dict(shuffle_buffer_size=2)}
+  for name, extra in tasks.items():
+    TaskRegistry.remove(name)
+    add_task(name, {"train": FunctionSource(_ten)}, FEATURES, copy, **extra)
+  yield
+  for name in tasks:
+    TaskRegistry.remove(name)
+
+
+def _doc_ids(batch):
+  ids = []
+  for row, segments in zip(batch["encoder_input_tokens"], batch["encoder_segment_ids"]):
+    if segments.any():
+      ids.append(int(VOCAB.decode(row[segments > 0].tolist()).split(":")[0].split()[1]))
+  return ids
+
+
+@pytest.mark.parametrize("name, shuffle", [("test_pipe_ten", False), ("test_pipe_ten", True),
+                                           ("test_pipe_ten_window", True)])
+def test_finite_epochs_cover_every_example_once_per_epoch(small_tasks, name, shuffle):
+  """10 examples over 4 rows: rows finish at different steps, finished rows are all-zero
+  padding, and every example appears exactly once per epoch (in order when not shuffled)."""
+  it, _ = batches(name, 0, pack=False, shuffle=shuffle, num_epochs=2, global_batch_size=4)
+  seen = [_doc_ids(b) for b in it]
+  flat = [i for ids in seen for i in ids]
+  assert sorted(flat) == sorted(list(range(10)) * 2)
+  assert len(seen) == 6 and [len(ids) for ids in seen][-1] == 2  # rows 0, 1 hold 3 per epoch
+  if not shuffle:  # each row repeats on its own: rows 2 and 3 start epoch 2 at step 2
+    assert seen[0] == [0, 1, 2, 3] and seen[2] == [8, 9, 2, 3] and seen[5] == [8, 9]
+
+
+def test_mixture_rows_draw_their_tasks_independently():
+  _, out = batches("test_pipe_mix", 6, seed=0, pack=False)
+  per_step = [{VOCAB.decode(r[s > 0].tolist())[0] for r, s in
+               zip(b["encoder_input_tokens"], b["encoder_segment_ids"])} for b in out]
+  assert any(len(tasks) == 2 for tasks in per_step)  # both tasks within one global batch
+
+
+def test_a_row_that_preprocessing_empties_fails_clearly(small_tasks):
+  keep_one = pp.filter_by(lambda ex: ex["text"].startswith("t 0:"))
+  TaskRegistry.remove("test_pipe_one")
+  add_task("test_pipe_one", {"train": FunctionSource(_ten)}, FEATURES,
+           [keep_one, pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize,
+            pp.append_eos_after_trim])
+  try:
+    with pytest.raises(ValueError, match="batch row 1: preprocessing dropped every one"):
+      batches("test_pipe_one", 1, global_batch_size=2)
+  finally:
+    TaskRegistry.remove("test_pipe_one")
+
+
+def test_state_of_another_pipeline_is_refused():
+  it, _ = batches("test_pipe_sc", 1, seed=1)
+  state = it.get_state()
+  with pytest.raises(ValueError, match="restoring it would skip or repeat examples"):
+    batches("test_pipe_sc", 0, seed=1, state=state, task_feature_lengths={"inputs": 32,
+                                                                          "targets": 8})
+
+
+@pytest.mark.parametrize("objective", ["causal_lm", "prefix_lm", "mlm", "text_infilling"])
+def test_every_objective_chain_runs_through_the_pipeline(objective):
+  """Each chain on real packing: no token cut by the converter (prefix LM halves fit)."""
+  from t5lite.data import pretraining
+  chain = {"causal_lm": pretraining.causal_lm_preprocessors(),
+           "prefix_lm": pretraining.prefix_lm_preprocessors(),
+           "mlm": pretraining.mlm_preprocessors(mask_id=VOCAB.extra_id(0)),
+           "text_infilling": pretraining.text_infilling_preprocessors(mask_id=VOCAB.extra_id(0))
+           }[objective]
+  name = f"test_pipe_{objective}"
+  TaskRegistry.remove(name)
+  add_task(name, {"train": FunctionSource(_docs_a)}, FEATURES,
+           [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT, *chain])
+  try:
+    lengths = {"inputs": 32, "targets": 32}
+    examples = describe.preprocessed_examples(TaskRegistry.get(name), "train", lengths, 30)
+    for ex in examples:
+      if objective == "causal_lm":
+        assert len(ex["targets"]) <= 32 and 1 not in ex["targets"]
+      elif objective == "mlm":
+        assert len(ex["inputs"]) == len(ex["targets"]) <= 32 and ex["weights"].sum() >= 1
+      else:
+        assert len(ex["inputs"]) <= 32 and len(ex["targets"]) <= 32
+        assert ex["targets"][-1] == 1
+    if objective == "prefix_lm":  # the halves are the piece: nothing lost
+      assert all(len(ex["inputs"]) + len(ex["targets"]) == 31 + 2 for ex in examples[:20])
+    architecture = {"causal_lm": "decoder_only", "mlm": "encoder_only"}.get(
+        objective, "encoder_decoder")
+    config = pipeline.PipelineConfig(global_batch_size=2, task_feature_lengths=lengths)
+    batch = next(pipeline.get_dataset(name, config, describe.converter_for(architecture)))
+    assert all(v.shape[0] == 2 for v in batch.values())
+  finally:
+    TaskRegistry.remove(name)
+
+
+def test_worker_processes_end_finite_epochs_like_the_in_process_iterator(small_tasks):
+  in_process, _ = batches("test_pipe_ten", 0, pack=False, shuffle=False, num_epochs=1,
+                          global_batch_size=4)
+  expected = list(in_process)
+  workers, _ = batches("test_pipe_ten", 0, pack=False, shuffle=False, num_epochs=1,
+                       global_batch_size=4, num_workers=2)
+  try:
+    got = list(workers)
+  finally:
+    workers.close()
+  assert len(got) == len(expected) == 3
+  for a, b in zip(got, expected):
+    assert_same(a, b)

@@ -102,8 +102,11 @@ def cached_source(task: Task, split: str, cache_dir: str | None = None) -> Cache
   how = f"run `t5lite cache {task.name} --split {split}` (or turn USE_CACHED_TASKS off)"
   if not infos:
     raise FileNotFoundError(f"no cache for task {task.name!r} split {split!r} in {directory}: {how}")
-  with open(infos[0]) as f:
-    expected = json.load(f)["num_workers"]
+  counts = sorted({int(os.path.basename(p).split("-of-")[1].split(".")[0]) for p in infos})
+  if len(counts) > 1:
+    raise FileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} mixes shards "
+                            f"of runs with --num_workers {counts}: delete the directory, then {how}")
+  expected = counts[0]
   if len(infos) != expected:
     raise FileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} has "
                             f"{len(infos)} of {expected} finished shards: {how}")

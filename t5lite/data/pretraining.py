@@ -1,13 +1,16 @@
 """Preprocessor chains for the self-supervised objectives, as T5 builds its pretraining tasks.
 
 Each chain follows `tokenize, CACHE_POINT` in a task whose text sits in `targets`:
-  span corruption: select_random_chunk -> concatenate 128 documents, split into pieces of
-    the raw length that corrupts to the inputs length -> span_corruption -> EOS on both
+  span corruption: drop empty documents -> per group of 128: select_random_chunk of each,
+    concatenate, split into pieces of the raw length that corrupts to the inputs length,
+    span-corrupt, EOS on both (one fused step; full-length pieces as one vectorized batch)
   causal LM:       concatenate, split into `targets`-length pieces (no EOS)
-  prefix LM:       concatenate, split into inputs+targets-2 tokens, random split -> EOS on both
+  prefix LM:       concatenate, split into min(inputs, targets) - 1 tokens, random split -> EOS
+                   on both (both halves always fit: the converter never cuts a token)
   MLM:             concatenate, split into `inputs`-length pieces, BERT 80/10/10 masking
   text infilling:  concatenate, split, BART span infilling -> EOS on the targets
-Per-example randomness comes from the pipeline's per-example rng (deterministic, resumable).
+Per-example randomness comes from the pipeline's per-example rng (deterministic, resumable);
+span corruption draws from one generator per group of 128 documents, seeded the same way.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ def _seed(rng: np.random.Generator) -> int:
 
 def select_random_chunk(ex, rng, max_length: int = 65536):
   """Keeps a random chunk of at most max_length tokens of `targets`; drops empty documents."""
-  chunk = sc.select_random_chunk(np.asarray(ex["targets"]), seed=_seed(rng), max_length=max_length)
+  # The Generator itself as the seed: it is only drawn from for documents longer than
+  # max_length, so short documents (nearly all) skip a draw.
+  chunk = sc.select_random_chunk(np.asarray(ex["targets"]), seed=rng, max_length=max_length)
   return {"targets": chunk} if len(chunk) else None
 
 
@@ -53,21 +58,93 @@ def concat_and_split(length_fn):
   return apply
 
 
+def _has_tokens(ex) -> bool:
+  return len(ex["targets"]) > 0
+
+
+def _with_seed(group, rng: np.random.Generator):
+  return group, _seed(rng)
+
+
+def _with_eos(tokens: np.ndarray) -> np.ndarray:
+  """EOS (id 1) after the last axis: [[5 6]] -> [[5 6 1]]."""
+  eos = np.ones(tokens.shape[:-1] + (1,), np.int32)
+  return np.concatenate([tokens, eos], axis=-1)
+
+
+class _CorruptGroup(grain.experimental.FlatMapTransform):
+  """(non-empty documents, seed) -> T5 span-corrupted examples of their concatenation's pieces.
+
+  The same examples as select_random_chunk -> concat_and_split -> span_corruption ->
+  append_eos document by document and piece by piece (REFERENCE §1), but every random draw of
+  a group comes from one generator and its full-length pieces go through
+  span_corruption_batch at once: per document and per piece, a generator of its own and a
+  pass through grain's map and filter stages cost more than the corruption itself. Example
+  (length 568, 128 documents of 470 tokens): 105 examples of 512 / 114 tokens (EOS
+  included), then the last piece's shorter one.
+  """
+  max_fan_out = 1 << 20  # unused by IterDataset flat maps; required by the interface
+
+  def __init__(self, length: int, vocab_size: int, eos: tuple[bool, bool],
+               noise_density: float, mean_noise_span_length: float, max_length: int = 65536):
+    self.length, self.eos, self.max_length = length, eos, max_length
+    self.kwargs = dict(vocab_size=vocab_size, noise_density=noise_density,
+                       mean_noise_span_length=mean_noise_span_length)
+
+  def _example(self, inputs: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
+    return {"inputs": _with_eos(inputs) if self.eos[0] else inputs,
+            "targets": _with_eos(targets) if self.eos[1] else targets}
+
+  def flat_map(self, group):
+    documents, seed = group
+    rng = np.random.default_rng(seed)
+    # select_random_chunk; documents of max_length tokens or fewer (nearly all) draw nothing.
+    tokens = np.concatenate([sc.select_random_chunk(np.asarray(d["targets"], np.int32),
+                                                    seed=rng, max_length=self.max_length)
+                             for d in documents])
+    full = tokens.shape[0] // self.length
+    if self.kwargs["noise_density"] <= 0 or self.length < 2:
+      full = 0  # outside span_corruption_batch's domain: every piece goes one by one
+    examples = []
+    if full:
+      pieces = tokens[:full * self.length].reshape(full, self.length)  # (full, length)
+      # The same Generator for every row: rows draw consecutive keys, no per-row seeding.
+      batch = self._example(*sc.span_corruption_batch(pieces, seeds=[rng] * full, **self.kwargs))
+      examples = [{"inputs": i, "targets": t} for i, t in zip(batch["inputs"], batch["targets"])]
+    for start in range(full * self.length, tokens.shape[0], self.length):  # the short last piece
+      examples.append(self._example(*sc.span_corruption(
+          tokens[start:start + self.length], seed=rng, **self.kwargs)))
+    return examples
+
+
+def _corrupt_groups(raw_length, noise_density: float, mean_noise_span_length: float):
+  """Stream preprocessor: groups of 128 non-empty documents -> random chunks, concatenated,
+  split, span-corrupted, with EOS."""
+  @stream_preprocessor
+  def apply(ds: grain.IterDataset, sequence_length, output_features,
+            seed) -> grain.IterDataset:
+    vocab_size = output_features["targets"].vocabulary.vocab_size
+    eos = tuple(name in output_features and output_features[name].add_eos
+                for name in ("inputs", "targets"))
+    # Empty documents do not count towards a group (the reference filters them first). One
+    # seed per group from grain's per-element rng: deterministic and resumable.
+    groups = (ds.filter(_has_tokens).batch(CONCAT_GROUP, batch_fn=list)
+              .random_map(_with_seed, seed=seed))
+    return grain.experimental.FlatMapIterDataset(groups, _CorruptGroup(
+        raw_length(sequence_length), vocab_size, eos, noise_density, mean_noise_span_length))
+  apply.__name__ = "concat_split_and_span_corrupt"
+  return apply
+
+
 def span_corruption_preprocessors(noise_density: float = 0.15,
                                   mean_noise_span_length: float = 3.0) -> list:
-  """T5's span corruption after `tokenize, CACHE_POINT` (REFERENCE §1)."""
+  """T5's span corruption after `tokenize, CACHE_POINT` (REFERENCE §1), as one step:
+  select_random_chunk, concatenate 128 documents, split, span-corrupt, append EOS."""
   def raw_length(sequence_length):
     return sc.span_corruption_lengths(sequence_length["inputs"], noise_density,
                                       mean_noise_span_length)[0]
 
-  def corrupt(ex, rng, output_features):
-    vocab_size = output_features["targets"].vocabulary.vocab_size
-    inputs, targets = sc.span_corruption(
-        ex["targets"], seed=_seed(rng), vocab_size=vocab_size, noise_density=noise_density,
-        mean_noise_span_length=mean_noise_span_length)
-    return {"inputs": inputs, "targets": targets}
-
-  return [select_random_chunk, concat_and_split(raw_length), corrupt, append_eos]
+  return [_corrupt_groups(raw_length, noise_density, mean_noise_span_length)]
 
 
 def causal_lm_preprocessors() -> list:
@@ -80,7 +157,10 @@ def prefix_lm_preprocessors() -> list:
   def split(ex, rng):
     inputs, targets = objectives.prefix_lm(ex["targets"], seed=_seed(rng))
     return {"inputs": inputs, "targets": targets} if len(targets) else None
-  room = lambda lengths: lengths["inputs"] + lengths["targets"] - 2  # both EOS must fit
+  # Pieces of min(I, T) - 1 tokens, split anywhere: both halves plus EOS always fit their
+  # feature lengths, so the converter never cuts a token (T5's prefix_lm splits
+  # inputs-length pieces by a random prefix the same way).
+  room = lambda lengths: min(lengths["inputs"], lengths["targets"]) - 1
   return [select_random_chunk, concat_and_split(room), split, append_eos]
 
 

@@ -16,26 +16,31 @@ from typing import Any, Mapping
 import cloudpickle
 import numpy as np
 
-from t5lite.data.pipeline import PipelineConfig, check_state, row_dataset
+from t5lite.data.pipeline import PipelineConfig, assemble_batch, check_state, row_dataset
 
 _DONE = "done"
 
 
 def _work(payload: bytes, rows: list[int], state: Mapping[str, Any] | None, out) -> None:
-  """Child process: build the rows' pipelines and stream (examples, states) per step."""
+  """Child process: build the rows' pipelines and stream (examples, states) per step; a
+  finished row sends None (finite epochs) until all of the worker's rows are finished."""
   try:
     item, config, converter = cloudpickle.loads(payload)
     iterators = {r: iter(row_dataset(item, r, config, converter)) for r in rows}
     if state is not None:
       for r in rows:
         iterators[r].set_state(state["rows"][str(r)])
-    while True:
-      try:
-        examples = {r: next(iterators[r]) for r in rows}
-      except StopIteration:
-        out.put((_DONE, None))
-        return
+    finished: set[int] = set()
+    while len(finished) < len(rows):
+      examples = {}
+      for r in rows:
+        try:
+          examples[r] = None if r in finished else next(iterators[r])
+        except StopIteration:
+          finished.add(r)
+          examples[r] = None
       out.put(("ok", (examples, {r: iterators[r].get_state() for r in rows})))
+    out.put((_DONE, None))
   except Exception:  # the main process re-raises it with the worker's traceback
     out.put(("error", traceback.format_exc()))
 
@@ -47,15 +52,15 @@ class WorkerBatchIterator:
   """
 
   def __init__(self, item, config: PipelineConfig, converter, rows: range, num_workers: int,
-               *, prefetch: int = 4):
+               fingerprint: str = "", *, prefetch: int = 4):
     if num_workers < 1:
       raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    self.config, self.rows = config, list(rows)
+    self.config, self.fingerprint, self.rows = config, fingerprint, list(rows)
     self._item, self._converter = item, converter
     self._num_workers, self._prefetch = min(num_workers, len(self.rows)), prefetch
     self._payload = cloudpickle.dumps((item, config, converter))  # tasks may hold closures
     self._states: dict[int, Any] | None = None  # None: the pipelines' initial states
-    self._queues, self._processes = [], []
+    self._queues, self._processes, self._done = [], [], set()
 
   def _start(self) -> None:
     state = None if self._states is None else {"rows": {str(r): s for r, s in self._states.items()}}
@@ -89,14 +94,20 @@ class WorkerBatchIterator:
   def __next__(self) -> dict[str, np.ndarray]:
     if not self._processes:
       self._start()
-    examples, states = {}, {}
+    examples = {r: None for r in self.rows}
+    states = {}
     for worker in range(len(self._queues)):
-      rows, row_states = self._receive(worker)
+      if worker in self._done:
+        continue
+      try:
+        rows, row_states = self._receive(worker)
+      except StopIteration:
+        self._done.add(worker)
+        continue
       examples.update(rows)
       states.update(row_states)
     self._states = {**(self._states or {}), **states}
-    ordered = [examples[r] for r in self.rows]
-    return {k: np.stack([ex[k] for ex in ordered]) for k in ordered[0]}
+    return assemble_batch(self.rows, examples)
 
   def get_state(self) -> dict[str, Any]:
     states = self._states
@@ -104,10 +115,10 @@ class WorkerBatchIterator:
       states = {r: iter(row_dataset(self._item, r, self.config, self._converter)).get_state()
                 for r in self.rows}
     return {"global_batch_size": self.config.global_batch_size, "seed": self.config.seed,
-            "rows": {str(r): s for r, s in states.items()}}
+            "fingerprint": self.fingerprint, "rows": {str(r): s for r, s in states.items()}}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    check_state(self.config, self.rows, state)
+    check_state(self.config, self.fingerprint, self.rows, state)
     self.close()
     self._states = {r: state["rows"][str(r)] for r in self.rows}
 
@@ -116,7 +127,7 @@ class WorkerBatchIterator:
       process.terminate()
     for process in self._processes:
       process.join(timeout=5)
-    self._queues, self._processes = [], []
+    self._queues, self._processes, self._done = [], [], set()
 
   def __del__(self):
     try:
