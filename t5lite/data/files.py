@@ -6,6 +6,7 @@ use, so that registering a task costs nothing and a source pickles without open 
 """
 from __future__ import annotations
 
+import abc
 import difflib
 import glob
 import gzip
@@ -104,7 +105,7 @@ def line_number(buf: bytes | mmap.mmap, offset: int) -> int:
     return bytes(view[:offset]).count(b"\n") + 1
 
 
-class IndexedFileSource:
+class IndexedFileSource(abc.ABC):
   """Base of file-backed sources: lazy glob expansion, a per-file index, global indexing.
 
   Subclasses implement `_index_file(path, buf) -> per-file index` (anything with len) and
@@ -128,15 +129,17 @@ class IndexedFileSource:
       self._files = expand_patterns(self._patterns)
     return self._files
 
+  @abc.abstractmethod
   def _index_file(self, path: str, buf: Any) -> Any:
-    raise NotImplementedError
+    """Builds a file's index of examples (e.g. line offsets) from its bytes."""
 
   def _count(self, file_index: Any) -> int:
     """Number of examples in a file, from its index."""
     return len(file_index)
 
+  @abc.abstractmethod
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
-    raise NotImplementedError
+    """The index-th example of file file_id, parsed."""
 
   def _buffer(self, file_id: int) -> Any:
     """The open buffer of a file (reopened after unpickling; few mmaps kept open)."""
