@@ -14,8 +14,9 @@ EOS included, as in T5X) and padded with 0. EncDec, lengths {"inputs": 6, "targe
      decoder_input_tokens = [0, 3, 9, 9]        decoder_loss_weights  = [1, 1, 1, 1]
      decoder_segment_ids  = [1, 1, 1, 1]        decoder_positions     = [0, 1, 2, 3]
 
-Packed (pack=True): several trimmed examples per row, never split across rows, by grain's
-best-fit packer over `num_packing_bins` rows at a time; see EncDecFeatureConverter.
+Packed (pack=True): several trimmed examples per row, never split across rows, best fit
+over `num_packing_bins` rows at a time (packing.py: grain's best-fit packing, faster, exactly
+checkpointable); see EncDecFeatureConverter.
 
 Examples whose features are all empty (after trimming) are skipped in both modes: they hold
 no token to train on. An example with one empty feature (e.g. empty targets) is kept.
@@ -24,12 +25,15 @@ position has no loss and, being segment 0, no real token attends to it: no diffe
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 from typing import Any, Iterable, Mapping
 
 import grain
 import numpy as np
+
+from t5lite.data import packing
 
 Example = Mapping[str, Any]
 
@@ -40,10 +44,14 @@ def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray) -> np.nd
   targets     = [3, 9, 1, 4, 1, 0]
   segment_ids = [1, 1, 1, 2, 2, 0]
   ->            [0, 3, 9, 0, 4, 0]   (never the previous segment's last token)
+  Rows of a 2-D batch are shifted independently (along the last axis).
   """
-  shifted = np.concatenate([np.zeros_like(targets[:1]), targets[:-1]])
-  previous = np.concatenate([np.zeros_like(segment_ids[:1]), segment_ids[:-1]])
-  return np.where((segment_ids == previous) & (segment_ids > 0), shifted, 0).astype(np.int32)
+  targets, segment_ids = np.asarray(targets), np.asarray(segment_ids)
+  out = np.zeros(targets.shape, np.int32)
+  current = segment_ids[..., 1:]
+  same = (current == segment_ids[..., :-1]) & (current > 0)
+  out[..., 1:] = np.where(same, targets[..., :-1], 0)
+  return out
 
 
 def packing_efficiency(rows: Iterable[Mapping[str, np.ndarray]]) -> float:
@@ -61,36 +69,20 @@ def packing_efficiency(rows: Iterable[Mapping[str, np.ndarray]]) -> float:
   return real / total if total else 0.0
 
 
-def _pad_like_packed(example: Example, lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
-  """One example per row, with the same keys grain's packers emit (`<f>_segment_ids`, ...).
-
-  {"targets": [3, 9, 1]}, {"targets": 5} -> targets [3, 9, 1, 0, 0],
-  targets_segment_ids [1, 1, 1, 0, 0], targets_positions [0, 1, 2, 0, 0]
-  """
-  row = {}
-  for key, length in lengths.items():
-    value = example[key]
-    n = len(value)
-    row[key] = np.pad(value, (0, length - n))
-    row[f"{key}_segment_ids"] = (np.arange(length) < n).astype(np.int32)
-    row[f"{key}_positions"] = np.where(np.arange(length) < n, np.arange(length), 0).astype(np.int32)
-  return row
-
-
-def _not_all_empty(example: Example) -> bool:
-  return any(len(v) for v in example.values())
-
-
 @dataclasses.dataclass(frozen=True)
-class FeatureConverter:
+class FeatureConverter(abc.ABC):
   """Base: check, trim, skip empty, pack or pad, then rename to model features.
 
-  num_packing_bins: rows filled at once. Grain's packer puts each example in the fullest row
-  it fits and emits all the rows as soon as an example fits none, so more bins pack tighter
-  (random lengths: ~64% non-pad with 1 bin, ~80% with 16, ~88% with 64) at the cost of
-  bins x length buffers, rows coming in bursts, and examples further apart in the stream
-  (across an epoch boundary when the source repeats) sharing a row.
+  num_packing_bins: rows filled at once. The packer (packing.py, grain's best fit) puts each
+  example in the fullest row it fits and emits all the rows as soon as an example fits none,
+  so more bins pack tighter (random lengths: ~64% non-pad with 1 bin, ~80% with 16, ~88%
+  with 64) at the cost of bins x length buffers, rows coming in bursts, and examples further
+  apart in the stream (across an epoch boundary when the source repeats) sharing a row.
+  An example longer than the room left in every open row opens a new row without a search
+  (span corruption inputs of the full inputs length), so packing costs little where it
+  gains nothing.
   seed: shuffles the rows within each group of bins (else the first ones are the fullest).
+  Rows are checkpointable: get_state() / set_state() resume with identical rows.
   """
   pack: bool = True
   _: dataclasses.KW_ONLY
@@ -105,24 +97,25 @@ class FeatureConverter:
   def _name(self) -> str:
     return type(self).__name__
 
+  @abc.abstractmethod
   def _required(self) -> tuple[str, ...]:
     """The task_feature_lengths keys (and example features) this converter reads."""
-    raise NotImplementedError
 
-  def _packed_lengths(self, lengths: Mapping[str, int]) -> dict[str, int]:
-    """Internal features packed together (so sharing segment ids) -> their lengths."""
-    return dict(lengths)
+  def _slots(self, lengths: Mapping[str, int]) -> packing.Slots:
+    """The packer's slots: ((internal features, sharing segment ids), row length), ..."""
+    return tuple(((k,), n) for k, n in lengths.items())
 
-  def _prepare(self, example: Example, lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
-    """A task example -> its trimmed internal features (int32, 1-D)."""
-    return {k: self._feature(example, k, n) for k, n in lengths.items()}
+  def _prepare(self, example: Example, lengths: Mapping[str, int]) -> tuple[np.ndarray, ...]:
+    """A task example -> its trimmed internal features (1-D integers), in slot order."""
+    return tuple([self._feature(example, k, n) for k, n in lengths.items()])
 
-  def _to_model(self, row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A packed or padded internal row -> model features."""
-    raise NotImplementedError
+  @abc.abstractmethod
+  def _to_model(self, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Packed or padded internal rows (rows, length) -> model features, also 2-D."""
 
+  @abc.abstractmethod
   def _model_lengths(self, lengths: Mapping[str, int]) -> dict[str, int]:
-    raise NotImplementedError
+    """Each output key's length for these task feature lengths."""
 
   def _lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
     lengths = {}
@@ -138,10 +131,16 @@ class FeatureConverter:
     return lengths
 
   def _feature(self, example: Example, key: str, length: int) -> np.ndarray:
-    """example[key] checked (present, 1-D, integral values), as int32, cut to `length`."""
-    if key not in example:
-      raise KeyError(f"{self._name}: example has no {key!r} feature (keys: {sorted(example)})")
-    value = np.asarray(example[key])
+    """example[key] checked (present, 1-D, integral values), cut to `length`; the packer
+    casts it to int32 as it writes it into a row."""
+    try:
+      value = example[key]
+    except KeyError:
+      raise KeyError(f"{self._name}: example has no {key!r} feature "
+                     f"(keys: {sorted(example)})") from None
+    if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
+      return value[:length]  # the usual case, checked cheaply
+    value = np.asarray(value)
     # Float 0/1 weights are accepted; fractional values would be silently changed by int32.
     if value.ndim != 1 or value.dtype.kind not in "biuf" or np.any(value != np.round(value)):
       raise ValueError(f"{self._name}: feature {key!r} must be a 1-D array of integers, "
@@ -155,20 +154,16 @@ class FeatureConverter:
   def __call__(self, ds: grain.IterDataset, task_feature_lengths: Mapping[str, int]
                ) -> grain.IterDataset:
     lengths = self._lengths(task_feature_lengths)
-    packed_lengths = self._packed_lengths(lengths)
+    slots = self._slots(lengths)
     if isinstance(ds, grain.MapDataset):
       ds = ds.to_iter_dataset()
     # Bound methods and partials, not lambdas: the pipeline stays picklable for grain workers.
-    ds = ds.map(functools.partial(self._prepare, lengths=lengths)).filter(_not_all_empty)
+    prepare = functools.partial(self._prepare, lengths=lengths)
     if self.pack:
-      # Checkpointable: its state is the parent's state before the current group of bins
-      # plus the row index within it; restoring re-packs that group the same way.
-      ds = grain.experimental.BestFitPackIterDataset(
-          ds, length_struct=packed_lengths, num_packing_bins=self.num_packing_bins,
-          seed=self.seed, shuffle_bins=True)
-    else:
-      ds = ds.map(functools.partial(_pad_like_packed, lengths=packed_lengths))
-    return ds.map(self._to_model)
+      # Checkpointable: see packing.py for its state.
+      return packing.PackIterDataset(ds, slots=slots, prepare=prepare, finalize=self._to_model,
+                                     num_packing_bins=self.num_packing_bins, seed=self.seed)
+    return packing.PadIterDataset(ds, slots=slots, prepare=prepare, finalize=self._to_model)
 
 
 ENCODER_KEYS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
@@ -177,6 +172,7 @@ DECODER_KEYS = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_w
 
 
 def _decoder_features(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Also on 2-D batches of rows, as every _to_model."""
   tokens, segment_ids = row["targets"], row["targets_segment_ids"]
   return {"decoder_target_tokens": tokens,
           "decoder_input_tokens": autoregressive_inputs(tokens, segment_ids),
@@ -253,12 +249,11 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
   def _required(self):
     return ("inputs", "targets") if self.prefix_lm else ("targets",)
 
-  def _packed_lengths(self, lengths):
+  def _slots(self, lengths):
     if not self.prefix_lm:
-      return dict(lengths)
-    total = lengths["inputs"] + lengths["targets"]
-    # Three aligned features, packed together so they share segment ids and positions.
-    return {"targets": total, "causal": total, "loss": total}
+      return super()._slots(lengths)
+    # Three aligned features in one slot, so they share segment ids and positions.
+    return ((("targets", "causal", "loss"), lengths["inputs"] + lengths["targets"]),)
 
   def _prepare(self, example, lengths):
     if not self.prefix_lm:
@@ -266,9 +261,8 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
     inputs = self._feature(example, "inputs", lengths["inputs"])
     targets = self._feature(example, "targets", lengths["targets"])
     position = np.arange(len(inputs) + len(targets))
-    return {"targets": np.concatenate([inputs, targets]),
-            "causal": (position < len(inputs) + 1).astype(np.int32),
-            "loss": (position >= len(inputs)).astype(np.int32)}
+    return (np.concatenate([inputs, targets]), position < len(inputs) + 1,
+            position >= len(inputs))
 
   def _to_model(self, row):
     out = _decoder_features(row)
@@ -305,12 +299,12 @@ class EncoderOnlyFeatureConverter(FeatureConverter):
   def _required(self):
     return ("inputs",)
 
-  def _packed_lengths(self, lengths):
-    return {k: lengths["inputs"] for k in _MLM_FEATURES}
+  def _slots(self, lengths):
+    return ((_MLM_FEATURES, lengths["inputs"]),)  # aligned: one segment ids feature
 
   def _prepare(self, example, lengths):
-    out = {k: self._feature(example, k, lengths["inputs"]) for k in _MLM_FEATURES}
-    sizes = {k: len(example[k]) for k in out}  # before trimming
+    out = tuple([self._feature(example, k, lengths["inputs"]) for k in _MLM_FEATURES])
+    sizes = {k: len(example[k]) for k in _MLM_FEATURES}  # before trimming
     if len(set(sizes.values())) != 1:
       raise ValueError(f"{self._name}: inputs, targets and weights must have one "
                        f"length, got {sizes}")
