@@ -1,0 +1,295 @@
+"""Device mesh, logical axis rules, and where params, optimizer state and batches live.
+
+The model names every parameter and key activation axis logically (`batch`, `embed`, `heads`,
+...; see t5lite/models/layers.py). This module owns the other half: a 3-D mesh with axes
+('data', 'fsdp', 'tensor') and the rules that map logical names onto it.
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    rules = logical_axis_rules(fsdp=True)
+    params = init_sharded(config, mesh, rules, rng=0)       # born sharded
+    batch = global_batch(host_batch, mesh)                 # this process's rows -> global arrays
+    with activate(mesh, rules):                            # activation constraints take effect
+      logits = jax.jit(forward)(params, batch)
+
+Parameter embed vs activation embed under FSDP: the model uses one name, `embed`, for both the
+d_model axis of parameters and of activations (B, L, embed). FSDP wants the first sharded over
+'fsdp' and the second whole. As in T5X's 2-D parameter partitioning (`embed -> data` while
+`batch -> data`), this falls out of flax's rule resolution: rules are tried in order and a mesh
+axis is given to at most one array dimension. `batch -> ('data', 'fsdp')` comes first, so in any
+activation (which always carries `batch`) 'fsdp' is taken before `embed -> 'fsdp'` is tried and
+embed stays unsharded; parameters have no `batch` axis, so their embed dimension gets 'fsdp'.
+No second name (maxtext's `activation_embed`) is needed, and the model stays unaware of FSDP.
+The rule order is therefore load-bearing: keep `batch` first.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from typing import Any, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.params import abstract_params, init_params, param_logical_axes
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes that split the batch: plain data parallelism and FSDP both give each device its rows.
+BATCH_AXES = ("data", "fsdp")
+
+LogicalRules = list[tuple[str, "str | tuple[str, ...] | None"]]
+Tree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Sizes of the mesh axes; -1 (at most one) means "all remaining devices".
+
+  The default is pure data parallelism over every device.
+  """
+
+  data: int = -1
+  """Data-parallel replicas: params replicated, batch rows split."""
+  fsdp: int = 1
+  """Fully sharded data parallelism: batch rows split and, with FSDP rules, params' embed axis."""
+  tensor: int = 1
+  """Tensor (model) parallelism: heads, mlp and vocab axes split (Megatron style)."""
+
+  def __post_init__(self):
+    for name, size in zip(MESH_AXES, self.sizes):
+      if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+        raise ValueError(f"mesh axis {name!r} has size {size!r}: use a positive int or -1")
+    if self.sizes.count(-1) > 1:
+      raise ValueError(f"mesh {self.sizes} has more than one -1: at most one axis can take "
+                       "the remaining devices")
+
+  @property
+  def sizes(self) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) as written, possibly with a -1."""
+    return (self.data, self.fsdp, self.tensor)
+
+  def resolve(self, num_devices: int | None = None) -> tuple[int, int, int]:
+    """Concrete (data, fsdp, tensor) sizes for num_devices (default: jax.device_count()).
+
+    Raises ValueError naming the sizes and the device count when they do not fit.
+    """
+    where = "were given"
+    if num_devices is None:
+      num_devices = jax.device_count()
+      where = "this host has" if jax.process_count() == 1 else (
+          f"the {jax.process_count()} processes have")
+    fixed = math.prod(s for s in self.sizes if s != -1)
+    if -1 in self.sizes:
+      if num_devices % fixed:
+        raise ValueError(f"mesh {self.sizes} cannot fill the devices: {num_devices} devices "
+                         f"({where} {num_devices}) do not divide by {fixed}")
+      return tuple(num_devices // fixed if s == -1 else s for s in self.sizes)
+    if fixed != num_devices:
+      raise ValueError(f"mesh {self.sizes} needs {fixed} devices, {where} {num_devices}")
+    return self.sizes
+
+
+def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over all devices (or the given ones).
+
+  Axes are AxisType.Auto (GSPMD): jax.make_mesh defaults to Explicit axes, under which linen's
+  logical constraints assert shardings instead of requesting them. jax.make_mesh also orders
+  devices by physical topology; the last axis (tensor, the chattiest) varies fastest, so its
+  groups are neighbouring devices.
+  """
+  sizes = config.resolve(None if devices is None else len(devices))
+  return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
+
+
+def logical_axis_rules(fsdp: bool = False) -> LogicalRules:
+  """T5X's standard rules on our mesh axes; with fsdp, parameters' embed axis goes on 'fsdp'.
+
+  Order matters: flax gives each mesh axis to the first rule that claims it within one array,
+  and `batch` must claim 'fsdp' before `embed` can (see the module docstring).
+  """
+  return [
+      ("batch", BATCH_AXES),
+      ("vocab", "tensor"),
+      ("mlp", "tensor"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("length", None),
+      ("relpos_buckets", None),
+      ("layers", None),  # scanned stacks: every device holds every layer (of its shard)
+      ("embed", "fsdp" if fsdp else None),  # params only: activations lost 'fsdp' to batch
+  ]
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules: LogicalRules) -> Iterator[Mesh]:
+  """Enters the mesh and the logical rules together, so linen's with_logical_constraint acts.
+
+  jax.set_mesh, not the legacy `with mesh:`, under which linen silently skips constraints.
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield mesh
+
+
+def _path_str(path) -> str:
+  return "/".join(str(_key_name(k)) for k in path)
+
+
+def _key_name(key) -> Any:
+  """The plain name in a pytree path entry (DictKey.key, GetAttrKey.name, SequenceKey.idx)."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return getattr(key, attr)
+  return str(key)
+
+
+def _axis_size(mesh: Mesh, entry: str | tuple[str, ...] | None) -> int:
+  """Devices that one PartitionSpec entry splits a dimension over."""
+  if entry is None:
+    return 1
+  names = (entry,) if isinstance(entry, str) else tuple(entry)
+  return math.prod(mesh.shape[n] for n in names)
+
+
+def param_shardings(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules) -> Tree:
+  """Params tree of NamedShardings: the model's logical axis names mapped through the rules.
+
+  Raises ValueError listing every parameter dimension that the mesh cannot split evenly
+  (e.g. 6 heads over tensor=4): jit refuses uneven output shardings, and a named list is
+  easier to act on than XLA's message about one array.
+  """
+  logical_tree = param_logical_axes(model_config)
+  shardings = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
+  logical = jax.tree_util.tree_leaves(logical_tree, is_leaf=lambda x: isinstance(x, P))
+  flat_shapes = jax.tree_util.tree_leaves_with_path(abstract_params(model_config))
+  problems = []
+  for (path, shape), names, sharding in zip(flat_shapes, logical,
+                                            jax.tree_util.tree_leaves(shardings)):
+    for dim, (size, entry) in enumerate(zip(shape.shape, sharding.spec)):
+      if size % _axis_size(mesh, entry):
+        problems.append(f"{_path_str(path)} dim {dim} ({names[dim]}, size {size}) over "
+                        f"{entry!r} ({_axis_size(mesh, entry)} devices)")
+  if problems:
+    more = [f"... and {len(problems) - 8} more"] if len(problems) > 8 else []
+    raise ValueError(f"mesh {dict(mesh.shape)} cannot split these parameters evenly; pick axis "
+                     "sizes that divide them:\n  " + "\n  ".join(problems[:8] + more))
+  return shardings
+
+
+def init_sharded(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules,
+                 rng: jax.Array | int = 0) -> Tree:
+  """Randomly initialized params, created directly in their shards (STYLE.md #4).
+
+  Shapes come from jax.eval_shape (inside param_shardings), the init runs under jit with
+  out_shardings, so no device ever holds a full copy of a sharded parameter. The values equal
+  init_params(model_config, rng): the threefry RNG gives the same numbers however it is split.
+  """
+  if isinstance(rng, int):
+    rng = jax.random.key(rng)
+  shardings = param_shardings(model_config, mesh, rules)
+  return jax.jit(functools.partial(init_params, model_config), out_shardings=shardings)(rng)
+
+
+def _fit_spec(mesh: Mesh, entries: Sequence, shape: Sequence[int]) -> tuple:
+  """Spec entries with any entry that does not divide its dimension replaced by None."""
+  return tuple(e if size % _axis_size(mesh, e) == 0 else None for e, size in zip(entries, shape))
+
+
+def _derived_spec(mesh: Mesh, spec: P, param_shape: tuple[int, ...] | None,
+                  shape: tuple[int, ...]) -> P:
+  """The spec of an optimizer leaf that belongs to a param with `spec` (see state_shardings)."""
+  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+  rank = len(param_shape) if param_shape is not None else len(spec)
+  if len(shape) == rank:
+    # Same shape (momentum, unfactored second moment) or a kept size-1 dim (factored keepdims):
+    # the param's layout, minus splits that no longer divide.
+    return P(*_fit_spec(mesh, entries, shape))
+  if len(shape) == rank - 1 and rank > 0:
+    # A factored statistic: the param with one dimension reduced away. Drop that dimension's
+    # entry; when the shape cannot tell which one went (square kernels), keep only what every
+    # candidate agrees on.
+    dropped = [i for i in range(rank)
+               if param_shape is None or tuple(np.delete(param_shape, i)) == tuple(shape)]
+    candidates = [_fit_spec(mesh, entries[:i] + entries[i + 1:rank], shape) for i in dropped]
+    if candidates:
+      return P(*(c[0] if all(x == c[0] for x in c) else None for c in zip(*candidates)))
+  return P()
+
+
+def state_shardings(abstract_state: Tree, param_shardings: Tree,
+                    param_shapes: Tree | None = None) -> Tree:
+  """NamedShardings for an optimizer state (or any tree holding per-param statistics).
+
+  A state leaf belongs to the param whose full path (e.g. encoder/layers_0/mlp/wo/kernel) ends
+  its own path, as in optax's (count, mu=params-like, nu=params-like) states. Such a leaf gets:
+  - the param's sharding when it has the param's rank (Adam moments, unfactored statistics);
+  - the param's spec without the reduced dimension when it has one dimension less (Adafactor's
+    factored row / column statistics);
+  - replicated otherwise, as do leaves with no param (step counts, optax's (1,) placeholders).
+  Spec entries that do not divide a leaf's dimension are dropped. param_shapes (e.g.
+  abstract_params(config)) lets a factored statistic of a square kernel keep its sharding;
+  without it only what every possible reduced dimension agrees on is kept.
+  abstract_state: arrays or jax.ShapeDtypeStructs, e.g. jax.eval_shape(tx.init, params).
+  """
+  flat = jax.tree_util.tree_leaves_with_path(param_shardings)
+  if not flat:
+    raise ValueError("param_shardings is empty")
+  mesh = flat[0][1].mesh
+  by_path = {tuple(_key_name(k) for k in path): s for path, s in flat}
+  shapes = {}
+  if param_shapes is not None:
+    shapes = {tuple(_key_name(k) for k in path): tuple(np.shape(x))
+              for path, x in jax.tree_util.tree_leaves_with_path(param_shapes)}
+
+  def leaf_sharding(path, leaf):
+    keys = tuple(_key_name(k) for k in path)
+    shape = tuple(np.shape(leaf))
+    for start in range(len(keys)):  # longest suffix first: the most specific param
+      param = by_path.get(keys[start:])
+      if param is not None:
+        spec = _derived_spec(mesh, param.spec, shapes.get(keys[start:]), shape)
+        return NamedSharding(mesh, spec)
+    return NamedSharding(mesh, P())
+
+  return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) axis split over ('data', 'fsdp'); other axes whole."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def _local_batch_shards(mesh: Mesh) -> int:
+  """How many distinct batch slices this process's devices hold (tensor replicas share one)."""
+  sharding = batch_sharding(mesh)
+  rows = _axis_size(mesh, BATCH_AXES)
+  index = sharding.devices_indices_map((rows,))  # one row per batch shard
+  return len({index[d][0].start for d in mesh.local_devices})
+
+
+def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """This process's rows of a batch -> global jax.Arrays split over ('data', 'fsdp').
+
+  Every process passes its own, equally sized slice of the global batch (single process: the
+  whole batch); the global batch is their concatenation, in the order of the processes' batch
+  shards. The local rows must split evenly over the batch shards held by this process's
+  devices.
+  """
+  sharding = batch_sharding(mesh)
+  shards = _local_batch_shards(mesh)
+  out = {}
+  for key, value in host_batch.items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      raise ValueError(f"batch feature {key!r} is a scalar; every feature needs a batch axis")
+    if value.shape[0] % shards:
+      raise ValueError(
+          f"batch feature {key!r} has {value.shape[0]} local rows, which do not divide over the "
+          f"{shards} batch shards of this process's devices (mesh data={mesh.shape['data']} x "
+          f"fsdp={mesh.shape['fsdp']}); use a per-process batch size divisible by {shards}")
+    out[key] = jax.make_array_from_process_local_data(sharding, value)
+  return out
