@@ -25,6 +25,7 @@ def _work(payload: bytes, rows: list[int], state: Mapping[str, Any] | None, out)
   """Child process: build the rows' pipelines and stream (examples, states) per step; a
   finished row sends None (finite epochs) until all of the worker's rows are finished."""
   try:
+    # The payload is this process's own pipeline, pickled by the parent: not an outside file.
     item, config, converter = cloudpickle.loads(payload)
     iterators = {r: iter(row_dataset(item, r, config, converter)) for r in rows}
     if state is not None:
