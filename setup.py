@@ -33,6 +33,8 @@ setup(
         "scipy>=1.10",
         "rouge-score>=0.1.2",
         "sacrebleu>=2.4",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
     ],
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a

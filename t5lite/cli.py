@@ -18,14 +18,13 @@ GIN_VERBS = {
 PLAIN_VERBS = {
     "export": "export a checkpoint to HF transformers or a serving artifact (not available yet)",
     "import": "import HF transformers or T5X checkpoints (not available yet)",
-    "plot": "plot the loss curves of a model dir (not available yet)",
     "launch": "print per-host commands for pod jobs (not available yet)",
 }
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
     "train": "the trainer", "eval": "evaluation", "infer": "decoding", "export": "export",
     "import": "import", "bench train": "the trainer", "bench decode": "decoding",
-    "bench": "the benchmarks", "plot": "the trainer's metrics", "launch": "multi-host launching",
+    "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
@@ -89,6 +88,8 @@ def _add_data_verbs(verbs) -> None:
                            "decode arrive with the trainer and decoding)")
   bench.add_argument("what", choices=("data", "train", "decode"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
+  plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
+  plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
   cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
                            "array_record shards (training reads them with USE_CACHED_TASKS)")
   cache.add_argument("name")
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
       return _smoke(args)
     if args.verb in ("tasks", "cache"):
       return _data_verb(args)
+    if args.verb == "plot":
+      from t5lite.train import plot
+      return plot.main(args.args)
     if args.verb == "bench" and args.what == "data":
       from t5lite.bench import data as data_bench  # needs the embedded corpus, not the model
       return data_bench.main(args.args)

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 from t5lite import cli
 
-VERBS = ["train", "eval", "infer", "export", "import", "plot", "launch"]
+VERBS = ["train", "eval", "infer", "export", "import", "launch"]
 
 
 def test_help_lists_every_verb(capsys):
@@ -17,7 +17,7 @@ def test_help_lists_every_verb(capsys):
     cli.main(["--help"])
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
-  for verb in VERBS + ["smoke", "tasks", "cache", "bench"]:
+  for verb in VERBS + ["smoke", "tasks", "cache", "bench", "plot"]:
     assert verb in out
 
 
@@ -33,6 +33,12 @@ def test_pending_benchmarks_say_so(capsys):
   assert cli.main(["bench", "train"]) == 2
   assert "t5lite bench train: not available yet; it arrives with the trainer" in \
       capsys.readouterr().err
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "loss": 2.5}\n')
+  assert cli.main(["plot", str(tmp_path)]) == 0
+  assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_gin_errors_exit_2_with_the_file(capsys):

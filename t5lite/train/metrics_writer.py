@@ -1,0 +1,133 @@
+"""Metric sinks of the train loop: MODEL_DIR/metrics.jsonl, TensorBoard events, a progress line.
+
+metrics.jsonl holds one JSON object per `write` call, e.g.
+  {"step": 100, "loss": 3.41, "learning_rate": 0.01}
+  {"step": 200, "loss": 3.02, "eval/glue_cola/accuracy": 0.69}
+where `loss` is that step's training loss (not a running average) and eval figures use keys
+`eval/<task>/<metric>` (DESIGN.md). TensorBoard events go to MODEL_DIR/tensorboard/ through
+tensorboardX, so no TensorFlow is needed.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from typing import Any, Mapping
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _to_float(value: Any) -> float:
+  """A Python float from a Python / numpy / jax scalar (json cannot encode the array types)."""
+  return float(value.item() if hasattr(value, "item") else value)
+
+
+class MetricsWriter:
+  """Appends scalars to metrics.jsonl and TensorBoard, on the primary process only.
+
+  Every host runs the same loop, but only one may write MODEL_DIR files, so on the others
+  (`is_primary=False`) every method is a no-op and nothing is created.
+  """
+
+  def __init__(self, model_dir: str | os.PathLike, *, is_primary: bool = True):
+    self.model_dir = os.fspath(model_dir)
+    self.is_primary = is_primary
+    self._jsonl = None
+    self._tb = None
+    if not is_primary:
+      return
+    os.makedirs(self.model_dir, exist_ok=True)
+    # Append, so that a run resumed from a checkpoint keeps the earlier history.
+    self._jsonl = open(os.path.join(self.model_dir, METRICS_FILE), "a", encoding="utf-8")
+    # Imported here so that non-primary hosts and pure-formatting users need not load it.
+    from tensorboardX import SummaryWriter
+    self._tb = SummaryWriter(logdir=os.path.join(self.model_dir, TENSORBOARD_DIR))
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Logs `scalars` (name -> number) at `step`: one JSONL line and one TB scalar each."""
+    if not self.is_primary:
+      return
+    if self._jsonl is None:
+      raise RuntimeError("MetricsWriter.write after close()")
+    step = int(step)
+    values = {name: _to_float(value) for name, value in scalars.items()}
+    # NaN/inf are not valid JSON; write null so that every line stays parseable.
+    record = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
+    self._jsonl.write(json.dumps(record) + "\n")
+    # Flushed per call so `t5lite plot` and `tail -f` see a live run, and a crash loses nothing.
+    self._jsonl.flush()
+    for name, value in values.items():
+      self._tb.add_scalar(name, value, global_step=step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+  def __enter__(self) -> "MetricsWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def format_duration(seconds: float) -> str:
+  """3725 -> '1h02m05s', 192 -> '3m12s', 7 -> '7s'."""
+  seconds = max(0, int(round(seconds)))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m{secs:02d}s"
+  if minutes:
+    return f"{minutes}m{secs:02d}s"
+  return f"{secs}s"
+
+
+class ProgressLine:
+  """Formats the live one-line progress of a run; the loop prints it (no I/O here).
+
+  `update(step, loss, lr, tokens, seconds)` takes the tokens and wall seconds of the steps
+  since the previous call (or since `start_step`, the step a resumed run starts from).
+  tokens/s and ETA use a moving average over the last `window` calls, so one slow interval
+  (a checkpoint, a recompile) neither spikes nor stalls the display.
+
+    >>> p = ProgressLine(1000)
+    >>> p.update(120, 3.4123, 1e-2, tokens=296_280, seconds=24.0, mfu=0.412)
+    'step 120/1000  loss 3.412  lr 1.0e-02  12,345 tok/s  MFU 41.2%  ETA 2m56s'
+  """
+
+  def __init__(self, total_steps: int, *, start_step: int = 0, window: int = 20):
+    self.total_steps = int(total_steps)
+    self._last_step = int(start_step)
+    # (steps, tokens, seconds) of each recent update.
+    self._recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=window)
+
+  def update(self, step: int, loss: float, lr: float, tokens: float, seconds: float,
+             mfu: float | None = None) -> str:
+    """Records the interval ending at `step` and returns the formatted line."""
+    step = int(step)
+    # Steps covered by this interval: the gap since the previous call, as the loop may log
+    # only every N steps (at least 1, should a step be reported twice).
+    steps = max(1, step - self._last_step)
+    self._last_step = step
+    self._recent.append((steps, float(tokens), float(seconds)))
+    total_steps = sum(s for s, _, _ in self._recent)
+    total_tokens = sum(t for _, t, _ in self._recent)
+    total_seconds = sum(s for _, _, s in self._recent)
+
+    parts = [f"step {step}/{self.total_steps}", f"loss {_to_float(loss):.3f}",
+             f"lr {_to_float(lr):.1e}"]
+    if total_seconds > 0:
+      parts.append(f"{total_tokens / total_seconds:,.0f} tok/s")
+    if mfu is not None:
+      parts.append(f"MFU {100 * mfu:.1f}%")
+    if total_seconds > 0 and step < self.total_steps:
+      seconds_per_step = total_seconds / total_steps
+      parts.append(f"ETA {format_duration(seconds_per_step * (self.total_steps - step))}")
+    return "  ".join(parts)
