@@ -1,14 +1,13 @@
 """`t5lite smoke`: forward/backward steps of a gin-configured model on embedded text.
 
 The README's main job until the trainer lands: it builds the model from gin, tokenizes real
-English text that every Python install ships (standard library docstrings) as UTF-8 bytes
-(ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few AdamW steps with the
-model's loss, and fails unless the loss falls. One objective per family: encoder-decoder
+English text that every Python install ships (standard library docstrings and reference
+topics) as UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few
+AdamW steps with the model's loss, and fails unless the loss falls. One objective per family: encoder-decoder
 continues a text window, decoder-only models the window, encoder-only fills in masked bytes.
 """
 from __future__ import annotations
 
-import importlib
 import time
 
 import jax
@@ -16,26 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from t5lite.data.stdlib_corpus import stdlib_documents
 from t5lite.models import ModelConfig, init_params, make_model, model_inputs
 from t5lite.models.losses import weighted_cross_entropy
 
-# Standard-library modules whose docstrings make the embedded corpus.
-CORPUS_MODULES = ("argparse", "collections", "functools", "itertools", "json", "textwrap",
-                  "difflib", "pathlib", "string", "re", "datetime", "heapq", "bisect",
-                  "contextlib", "dataclasses", "decimal", "fractions", "statistics", "typing")
 BYTE_OFFSET = 3  # ids 0, 1, 2 are pad, eos, unk
 
 
 def embedded_text() -> str:
-  """Docstrings of standard-library modules and their public members, joined by blank lines."""
-  docs = []
-  for name in CORPUS_MODULES:
-    module = importlib.import_module(name)
-    for obj in [module] + [getattr(module, a) for a in sorted(dir(module)) if not a.startswith("_")]:
-      doc = getattr(obj, "__doc__", None)
-      if isinstance(doc, str) and len(doc) > 200 and doc not in docs:
-        docs.append(doc.strip())
-  return "\n\n".join(docs)
+  """The embedded corpus (t5lite.data.stdlib_corpus) as one text, documents by blank lines."""
+  return "\n\n".join(d["text"] for d in stdlib_documents())
 
 
 def make_batch(config: ModelConfig, tokens: np.ndarray, rng: np.random.Generator,
