@@ -3,8 +3,9 @@
 The README's main job until the trainer lands: it builds the model from gin, tokenizes real
 English text that every Python install ships (standard library docstrings and reference
 topics) as UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few
-AdamW steps with the model's loss, and fails unless the loss falls. One objective per family: encoder-decoder
-continues a text window, decoder-only models the window, encoder-only fills in masked bytes.
+AdamW steps with the model's loss, and fails unless the loss falls. One objective per
+family: encoder-decoder continues a text window, decoder-only models the window,
+encoder-only fills in masked bytes.
 """
 from __future__ import annotations
 
