@@ -39,7 +39,7 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, *, label_smoothing: flo
   return loss + z, z
 
 
-def _per_segment_weights(weights: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+def per_segment_weights(weights: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
   """Rescales weights so each sequence (or packed segment) sums to 1."""
   if segment_ids is None:
     total = jnp.sum(weights, axis=-1, keepdims=True)
@@ -67,7 +67,7 @@ def weighted_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
                                       z_loss=z_loss)
   weight_sum = jnp.sum(weights)
   if loss_normalizing_factor == AVERAGE_PER_SEQUENCE:
-    weights = _per_segment_weights(weights, segment_ids)
+    weights = per_segment_weights(weights, segment_ids)
     normalizer = jnp.sum(weights)
   elif loss_normalizing_factor == NUM_REAL_TARGET_TOKENS:
     normalizer = weight_sum

@@ -1,0 +1,143 @@
+"""Train step: learning, gradient accumulation == one big batch, non-finite skip, dropout rng,
+scanned == unrolled. Tiny T5 (vocab 128, width 32, 2 + 2 layers), a batch of 8."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import tiny
+from t5lite.models import init_params, param_logical_axes
+from t5lite.models.params import scan_params, unscan_params
+from t5lite.train.optimizers import OptimizerConfig, make_optimizer
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.step import StepConfig, make_train_step, train_step
+from t5lite.train.train_state import TrainState
+
+BATCH, INPUT_LEN, TARGET_LEN = 8, 12, 8
+CONFIG = tiny()
+ADAMW = optax.adamw(3e-3)
+# Uneven loss weights: row r has r real targets (row 0 none), so with strided microbatches
+# (rows i, i + M, ...) every microbatch holds a different number of real tokens.
+LENGTHS = np.arange(BATCH)
+
+
+def _batch(seed: int = 0) -> dict[str, jax.Array]:
+  rng = np.random.default_rng(seed)
+  targets = rng.integers(2, 128, (BATCH, TARGET_LEN))
+  weights = (np.arange(TARGET_LEN)[None, :] < LENGTHS[:, None]).astype(np.int32)
+  targets = targets * weights
+  inputs = np.concatenate([np.zeros((BATCH, 1), np.int64), targets[:, :-1]], axis=1)
+  return {"encoder_input_tokens": jnp.asarray(rng.integers(2, 128, (BATCH, INPUT_LEN)), jnp.int32),
+          "decoder_input_tokens": jnp.asarray(inputs, jnp.int32),
+          "decoder_target_tokens": jnp.asarray(targets, jnp.int32),
+          # float32, so that the inf of the non-finite test does not change the program.
+          "decoder_loss_weights": jnp.asarray(weights, jnp.float32),
+          "decoder_segment_ids": jnp.asarray(weights, jnp.int32)}
+
+
+@functools.lru_cache(maxsize=None)
+def _params():
+  return init_params(CONFIG, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _step_fn(config, optimizer, step_config):
+  """Jitted train_step without donation, so tests may reuse their input states."""
+  return jax.jit(functools.partial(train_step, model_config=config, optimizer=optimizer,
+                                   step_config=step_config))
+
+
+def _leaves_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_loss_decreases_and_donating_step():
+  step_config = StepConfig(nonfinite="skip")
+  step = make_train_step(CONFIG, ADAMW, step_config)
+  # A copy: the step donates (deletes) its input state, and _params() is shared by other tests.
+  state = TrainState.create(jax.tree.map(jnp.copy, _params()), ADAMW)
+  batch = _batch()
+  losses = []
+  for _ in range(10):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+    assert not bool(metrics["nonfinite"])
+  assert int(state.step) == 10
+  assert losses[-1] < 0.7 * losses[0], losses
+  assert float(metrics["weight_sum"]) == LENGTHS.sum()
+  assert 0.0 <= float(metrics["accuracy"]) <= 1.0 and float(metrics["grad_norm"]) > 0
+
+
+@pytest.mark.parametrize("normalizer", ["NUM_REAL_TARGET_TOKENS", 50.0])
+def test_microbatches_equal_one_batch(normalizer):
+  sgd = optax.sgd(1.0)  # the update is the gradient itself: compares grads directly
+  state = TrainState.create(_params(), sgd)
+  batch = _batch()
+  results = {}
+  # m = 2 with a constant normalizer is left out only to save a compile.
+  for m in ((1, 2, 4) if isinstance(normalizer, str) else (1, 4)):
+    step_config = StepConfig(loss_normalizing_factor=normalizer, microbatches=m)
+    results[m] = _step_fn(CONFIG, sgd, step_config)(state, batch)
+  ref_state, ref_metrics = results[1]
+  for m in sorted(results)[1:]:
+    new_state, metrics = results[m]
+    for key in ("loss", "z_loss", "weight_sum", "accuracy", "grad_norm"):
+      np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, err_msg=key)
+    for x, y in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params)):
+      np.testing.assert_allclose(x, y, atol=1e-5)
+  # Averaging per-microbatch means would differ: the test batch is uneven enough to tell.
+  assert float(ref_metrics["grad_norm"]) > 0
+
+
+def test_nonfinite_skip_keeps_state_bitwise():
+  # The donating step of the first test (same program, so a compilation cache hit): inputs
+  # are donated, hence the copies kept for comparing.
+  step = make_train_step(CONFIG, ADAMW, StepConfig(nonfinite="skip"))
+  state, _ = step(TrainState.create(jax.tree.map(jnp.copy, _params()), ADAMW), _batch())
+  before = jax.tree.map(np.array, state)  # a non-trivial opt_state
+  bad = dict(_batch(1))
+  # inf loss weights make the loss inf / inf = NaN and the gradients NaN.
+  bad["decoder_loss_weights"] = bad["decoder_loss_weights"].at[3, 0].set(jnp.inf)
+  new_state, metrics = step(state, bad)
+  assert bool(metrics["nonfinite"])
+  _leaves_equal(new_state.params, before.params)
+  _leaves_equal(new_state.opt_state, before.opt_state)
+  assert int(new_state.step) == int(before.step) + 1  # 'skip' counts the step
+
+
+def test_dropout_rng_is_reproducible_and_per_step():
+  config = tiny(dropout_rate=0.1)
+  step = _step_fn(config, ADAMW, StepConfig())
+  state = TrainState.create(_params(), ADAMW)  # dropout does not change the params
+  batch = _batch()
+  first = step(state, batch)
+  second = step(state, batch)
+  _leaves_equal(first, second)
+  later, later_metrics = step(state.replace(step=jnp.asarray(7, jnp.int32)), batch)
+  assert float(later_metrics["loss"]) != float(first[1]["loss"])
+
+
+def test_scanned_step_equals_unrolled():
+  # Factor every matrix (min_dim 8): with unfactored Adafactor the first update is
+  # lr * sign(grad), which turns float-rounding differences of tiny gradients into sign flips.
+  opt_config = OptimizerConfig(schedule=ScheduleConfig("constant", 0.01, warmup_steps=0),
+                               min_dim_size_to_factor=8)
+  scanned_config = CONFIG.replace(scan_layers=True)
+  params = _params()
+  outs = []
+  for config, p in ((CONFIG, params), (scanned_config, scan_params(params, scanned_config))):
+    tx = make_optimizer(opt_config, param_logical_axes(config))
+    p = jax.tree.map(jnp.asarray, p)
+    outs.append(_step_fn(config, tx, StepConfig())(TrainState.create(p, tx), _batch()))
+  (unrolled, m_unrolled), (scanned, m_scanned) = outs
+  np.testing.assert_allclose(m_scanned["loss"], m_unrolled["loss"], rtol=1e-6)
+  flat = lambda t: jax.tree_util.tree_flatten_with_path(t)[0]  # noqa: E731
+  got = dict(flat(unscan_params(jax.tree.map(np.asarray, scanned.params))))
+  for path, want in flat(unrolled.params):
+    np.testing.assert_allclose(got[path], want, atol=1e-5, err_msg=jax.tree_util.keystr(path))
