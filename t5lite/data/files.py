@@ -105,6 +105,16 @@ def line_number(buf: bytes | mmap.mmap, offset: int) -> int:
     return bytes(view[:offset]).count(b"\n") + 1
 
 
+class ByteSpans:
+  """Where a file's examples lie: example i is buf[starts[i]:ends[i]] (lines or records)."""
+
+  def __init__(self, starts: np.ndarray, ends: np.ndarray):
+    self.starts, self.ends = starts, ends
+
+  def __len__(self) -> int:
+    return len(self.starts)
+
+
 class IndexedFileSource(abc.ABC):
   """Base of file-backed sources: lazy glob expansion, a per-file index, global indexing.
 

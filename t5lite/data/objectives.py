@@ -9,11 +9,11 @@ feature converter shifts targets right into decoder inputs.
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from typing import Sequence
 
 import numpy as np
 
-Seed = Union[int, Sequence[int], np.random.Generator]
+from t5lite.data.corruption import Seed
 
 
 def mlm(tokens: np.ndarray, *, seed: Seed, vocab_size: int, mask_id: int,

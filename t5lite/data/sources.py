@@ -21,19 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from t5lite.data.files import IndexedFileSource, Patterns, checked_index, line_number, line_spans
+from t5lite.data.files import (ByteSpans, IndexedFileSource, Patterns, checked_index, line_number,
+                               line_spans)
 from t5lite.data.files import expand_patterns, read_buffer  # noqa: F401 (re-export)
 from t5lite.data.tfds_source import TfdsSource, prepare_tfds_dataset  # noqa: F401 (re-export)
-
-
-class _Spans:
-  """Line offsets of one file (starts, ends), sized by line count."""
-
-  def __init__(self, starts: np.ndarray, ends: np.ndarray):
-    self.starts, self.ends = starts, ends
-
-  def __len__(self) -> int:
-    return len(self.starts)
 
 
 class TextLineSource(IndexedFileSource):
@@ -47,11 +38,11 @@ class TextLineSource(IndexedFileSource):
     self.field = field
     self.skip_header = skip_header
 
-  def _index_file(self, path: str, buf: Any) -> _Spans:
+  def _index_file(self, path: str, buf: Any) -> ByteSpans:
     starts, ends = line_spans(buf)
     if self.skip_header:  # the header is the first non-empty line
       starts, ends = starts[1:], ends[1:]
-    return _Spans(starts, ends)
+    return ByteSpans(starts, ends)
 
   def _line(self, file_id: int, index: int) -> str:
     """The decoded line; bad UTF-8 names the file and line number."""

@@ -22,23 +22,13 @@ from typing import Any
 import numpy as np
 
 from t5lite.data import crc32c
-from t5lite.data.files import (IndexedFileSource, Patterns, checked_index, expand_patterns,
-                               read_buffer)
+from t5lite.data.files import (ByteSpans, IndexedFileSource, Patterns, checked_index,
+                               expand_patterns, read_buffer)
 from t5lite.data.tfrecord_example import parse_example
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
 _CRC_BATCH_BYTES = 1 << 25  # verify data CRCs 32 MiB at a time
 Parser = Callable[[bytes], dict[str, Any]]
-
-
-class TfRecordIndex:
-  """Record offsets of one TFRecord file: data of record i is buf[starts[i]:ends[i]]."""
-
-  def __init__(self, starts: np.ndarray, ends: np.ndarray):
-    self.starts, self.ends = starts, ends
-
-  def __len__(self) -> int:
-    return len(self.starts)
 
 
 def _check_length_crcs(path: str, data: np.ndarray, offsets: np.ndarray) -> None:
@@ -66,7 +56,7 @@ def _check_data_crcs(path: str, data: np.ndarray, offsets: np.ndarray, starts: n
                        "(data CRC mismatch)")
 
 
-def tfrecord_index(path: str, buf: Any, *, verify_crc: bool = True) -> TfRecordIndex:
+def tfrecord_index(path: str, buf: Any, *, verify_crc: bool = True) -> ByteSpans:
   """Walks a TFRecord file's framing, checking the lengths' CRCs (cheap: 8 bytes each)
   and, when verify_crc, the data CRCs.
 
@@ -97,7 +87,7 @@ def tfrecord_index(path: str, buf: Any, *, verify_crc: bool = True) -> TfRecordI
     _check_length_crcs(path, data, offsets)
     if verify_crc:
       _check_data_crcs(path, data, offsets, starts, ends)
-  return TfRecordIndex(starts, ends)
+  return ByteSpans(starts, ends)
 
 
 def read_tfrecord(path: str, *, verify_crc: bool = True) -> list[bytes]:
@@ -121,7 +111,7 @@ class TfRecordSource(IndexedFileSource):
     self.verify_crc, self.decode_text, self.squeeze, self.parser = (
         verify_crc, decode_text, squeeze, parser)
 
-  def _index_file(self, path: str, buf: Any) -> TfRecordIndex:
+  def _index_file(self, path: str, buf: Any) -> ByteSpans:
     return tfrecord_index(path, buf, verify_crc=self.verify_crc)
 
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
