@@ -92,16 +92,19 @@ class StepConfig:
     return dataclasses.replace(self, **changes)
 
 
-def _loss_sums(params, batch: Batch, rng: jax.Array, *, model_config: ModelConfig,
+def _loss_sums(params, batch: Batch, rng: jax.Array | None, *, model_config: ModelConfig,
                step_config: StepConfig):
   """(weighted loss sum, sums) of one microbatch; sums add up across microbatches.
+
+  rng None: deterministic (no dropout), as in evaluation.
 
   sums: z_loss (weighted sum), weight_sum (real target tokens), correct (weighted count of
   argmax hits) and normalizer (this microbatch's share; unused for a constant normalizer).
   """
-  model = make_model(model_config, enable_dropout=model_config.dropout_rate > 0)
+  dropout = rng is not None and model_config.dropout_rate > 0
+  model = make_model(model_config, enable_dropout=dropout)
   logits = model.apply({"params": params}, **model_inputs(model_config, batch),
-                       rngs={"dropout": rng})  # (B, L, V)
+                       rngs={"dropout": rng} if dropout else None)  # (B, L, V)
   target_key, weight_key, segment_key = TARGET_KEYS[model_config.architecture]
   targets = batch[target_key]
   weights = batch.get(weight_key)
@@ -207,6 +210,20 @@ def train_step(state: TrainState, batch: Batch, *, model_config: ModelConfig,
       "nonfinite": jnp.logical_not(finite),
   }
   return new_state, metrics
+
+
+def eval_step(params, batch: Batch, *, model_config: ModelConfig,
+              step_config: StepConfig = StepConfig()) -> dict[str, jax.Array]:
+  """Sums over one evaluation batch, without dropout: loss (weighted, z-loss included, not
+  normalized), weight_sum (real target tokens) and correct (weighted argmax hits).
+
+  Sums, so that batches add up: the mean token loss of an eval split is sum(loss) /
+  sum(weight_sum) and its token accuracy sum(correct) / sum(weight_sum), whatever the
+  batches' padding.
+  """
+  loss_sum, sums = _loss_sums(params, batch, None, model_config=model_config,
+                              step_config=step_config)
+  return {"loss": loss_sum, "weight_sum": sums["weight_sum"], "correct": sums["correct"]}
 
 
 def make_train_step(model_config: ModelConfig, optimizer: optax.GradientTransformation,

@@ -1,0 +1,225 @@
+"""Checkpoints of a run: orbax CheckpointManager over MODEL_DIR/checkpoints.
+
+Each checkpoint step holds two items, saved and restored together:
+  state  the TrainState (step, params, optimizer state), as sharded arrays
+  data   the data iterator's state (JSON: one grain state per global batch row)
+so a restart resumes on the exact next batch with the exact params and optimizer state.
+
+    ckpt = Checkpointer(model_dir, CheckpointConfig(period=1000, keep=3, keep_period=10000))
+    ckpt.save(step, state, data_state)            # async; at most one save in flight
+    state, data_state, step = ckpt.restore_latest(abstract_state)   # or None: nothing saved
+    ckpt.close()                                  # waits for the last save to commit
+
+Atomicity: orbax writes a step into a temporary folder and renames it when every file (and
+every process) is done, so a step folder that exists is complete: a crash or SIGKILL mid-save
+leaves only a temporary folder, which is never listed and is removed on the next start.
+Corruption: a committed step that still fails to read (a disk error, a truncated file) is
+reported by number; with `on_corrupt='fallback'` the next older step is tried, with 'stop'
+the run stops. Restoring onto another mesh: pass abstract arrays (jax.ShapeDtypeStruct) that
+carry the target shardings; orbax reads each shard where it now belongs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
+
+CHECKPOINTS_DIR = "checkpoints"
+ON_CORRUPT = ("fallback", "stop")
+Tree = Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """When to save and what to keep."""
+
+  period: int = 1000
+  """Save every this many steps (and always at the last step and on preemption)."""
+  keep: int | None = 3
+  """Keep the newest this many checkpoints; None keeps all."""
+  keep_period: int | None = None
+  """Also keep forever every checkpoint whose step is a multiple of this (None: none)."""
+  async_save: bool = True
+  """Write in a background thread while training goes on (the arrays are copied first)."""
+  on_corrupt: str = "fallback"
+  """A committed checkpoint that cannot be read: 'fallback' to the previous one, or 'stop'."""
+
+  def __post_init__(self):
+    if self.period < 1:
+      raise ValueError(f"CheckpointConfig.period must be >= 1, got {self.period}")
+    if self.keep is not None and self.keep < 1:
+      raise ValueError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
+    if self.on_corrupt not in ON_CORRUPT:
+      raise ValueError(f"CheckpointConfig.on_corrupt={self.on_corrupt!r} is not one of "
+                       f"{ON_CORRUPT}")
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A committed checkpoint step that cannot be restored."""
+
+
+def checkpoint_dir(model_dir: str | os.PathLike) -> str:
+  return os.path.join(os.path.abspath(os.fspath(model_dir)), CHECKPOINTS_DIR)
+
+
+def _preservation(config: CheckpointConfig):
+  policies = [pp_lib.LatestN(n=config.keep)]
+  if config.keep_period:
+    policies.append(pp_lib.EveryNSteps(interval_steps=config.keep_period))
+  return pp_lib.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0]
+
+
+class Checkpointer:
+  """The run's checkpoints: save, list, restore (with fallback), close."""
+
+  def __init__(self, model_dir: str | os.PathLike, config: CheckpointConfig = CheckpointConfig(),
+               *, read_only: bool = False):
+    self.config = config
+    self.directory = checkpoint_dir(model_dir)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=_preservation(config),
+        enable_async_checkpointing=config.async_save,
+        # A save that a crash cut short leaves a temporary folder; clear it at start.
+        cleanup_tmp_directories=not read_only,
+        read_only=read_only,
+        create=not read_only,
+    )
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "data"))
+
+  def all_steps(self) -> list[int]:
+    """Committed steps, oldest first."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, state: Tree, data_state: dict | None) -> None:
+    """Starts saving `state` and `data_state` as checkpoint `step` (async unless configured
+    otherwise). Waits first for a previous save still in flight."""
+    if step in self._manager.all_steps():
+      return  # already saved (e.g. the last periodic save was the final step)
+    self._manager.save(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state if data_state is not None else {})), force=True)
+
+  def restore(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
+    """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of
+    `abstract_state` (a tree of jax.ShapeDtypeStruct with .sharding, or of arrays)."""
+    try:
+      restored = self._manager.restore(int(step), args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax and tensorstore raise many kinds
+      raise CorruptCheckpointError(
+          f"checkpoint step {step} in {self.directory} cannot be restored: "
+          f"{type(e).__name__}: {e}") from e
+    _check_finite_tree(restored["state"], step, self.directory)
+    return restored["state"], dict(restored["data"] or {})
+
+  def restore_latest(self, abstract_state: Tree) -> tuple[Tree, dict, int] | None:
+    """The newest readable checkpoint as (state, data_state, step), or None when there is
+    none. An unreadable one falls back to the next older (on_corrupt='fallback', a warning
+    names it) or raises CorruptCheckpointError ('stop'). No checkpoint is deleted."""
+    steps = self.all_steps()
+    for step in reversed(steps):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+        return state, data_state, step
+      except CorruptCheckpointError as e:
+        if self.config.on_corrupt == "stop":
+          raise CorruptCheckpointError(
+              f"{e}\n  The run stops (CheckpointConfig.on_corrupt='stop'). Move that step "
+              "folder away to resume from the one before, or set on_corrupt='fallback'.") from e
+        older = [s for s in steps if s < step]
+        where = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
+        log.warning("%s; %s", e, where)
+        print(f"t5lite: warning: checkpoint step {step} is unreadable ({where}): {e}",
+              flush=True)
+    if steps:
+      raise CorruptCheckpointError(
+          f"none of the checkpoints {steps} in {self.directory} can be restored; move "
+          "MODEL_DIR/checkpoints away to start from scratch")
+    return None
+
+  def wait(self) -> None:
+    """Blocks until the save in flight (if any) has committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def _check_finite_tree(state: Tree, step: int, directory: str) -> None:
+  """A restored state must be all-finite: NaNs read back mean a corrupted file."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    if jax.dtypes.issubdtype(leaf.dtype, np.floating) and not bool(jax.numpy.isfinite(leaf).all()):
+      raise CorruptCheckpointError(f"checkpoint step {step} in {directory}: "
+                                   f"{jax.tree_util.keystr(path)} holds non-finite values")
+
+
+def _step_state_dir(path: str) -> tuple[str, int]:
+  """The `state` folder of a checkpoint and its step, from a MODEL_DIR (its newest committed
+  step), a MODEL_DIR/checkpoints folder, or one step folder."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
+    return os.path.join(path, "state"), int(os.path.basename(path))
+  directory = path if os.path.basename(path) == CHECKPOINTS_DIR else checkpoint_dir(path)
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ folder "
+                            "and not a step folder)")
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+      read_only=True, create=False), item_names=("state", "data"))
+  step = manager.latest_step()
+  manager.close()
+  if step is None:
+    raise FileNotFoundError(f"{directory} holds no committed checkpoint")
+  return os.path.join(directory, str(step), "state"), step
+
+
+def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree, int]:
+  """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
+  shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
+
+  path: a MODEL_DIR, its checkpoints/ folder or one step folder. Raises ValueError naming
+  every parameter whose shape or presence differs (e.g. another vocabulary size).
+  """
+  state_dir, step = _step_state_dir(path)
+  checkpointer = ocp.PyTreeCheckpointer()
+  saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
+  if saved is None:
+    raise ValueError(f"{state_dir} has no params")
+  saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
+                  for p, m in jax.tree_util.tree_leaves_with_path(saved)}
+  wanted_shapes = {jax.tree_util.keystr(p): tuple(x.shape)
+                   for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
+  problems = [f"{k}: checkpoint {saved_shapes[k]}, model {v}" for k, v in wanted_shapes.items()
+              if k in saved_shapes and saved_shapes[k] != v]
+  problems += [f"{k}: missing from the checkpoint" for k in wanted_shapes if k not in saved_shapes]
+  problems += [f"{k}: in the checkpoint, not in the model" for k in saved_shapes
+               if k not in wanted_shapes]
+  if problems:
+    more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
+    raise ValueError(
+        f"checkpoint {state_dir} (step {step}) does not fit this model config; differences:\n  "
+        + "\n  ".join(problems[:10] + more)
+        + "\n  (vocab_size, d_model, layer counts and scan_layers must match the checkpoint's "
+        "model_config.json)")
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+  try:
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item={"params": abstract_params}, restore_args={"params": restore_args},
+        partial_restore=True))
+  except Exception as e:
+    raise CorruptCheckpointError(f"checkpoint {state_dir} (step {step}) cannot be read: "
+                                 f"{type(e).__name__}: {e}") from e
+  return restored["params"], step

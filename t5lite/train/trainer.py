@@ -1,0 +1,379 @@
+"""The training loop: mesh, sharded state, batches, steps, logs, evals, checkpoints, resume.
+
+    result = train(model_config, TrainConfig(model_dir="/tmp/run", train_steps=1000, ...))
+
+One code path from one CPU to a pod: the state is created (or restored) already sharded over
+the mesh, every process feeds its own rows of each global batch, and the jitted step runs
+under the mesh and the logical axis rules. The loop itself only orders things:
+
+  restore or init -> [next batch -> step -> (log) -> (eval) -> (checkpoint)] * -> final save
+
+Resuming. If MODEL_DIR holds a checkpoint, the run continues from it: same params, optimizer
+state, data position and step counter (which also seeds dropout), so the losses after a restart
+are the losses the uninterrupted run would have had (bitwise on CPU). Raising TRAIN_STEPS and
+rerunning into the same MODEL_DIR continues a finished run the same way: schedules depend on
+the step and their own settings, never on TRAIN_STEPS. Otherwise INITIAL_CHECKPOINT_PATH (a
+t5lite MODEL_DIR or step folder, or an HF T5 directory) gives the params, with a fresh
+optimizer and, as in T5X, the step counter of that checkpoint (TRAIN_STEPS is the final step).
+
+Preemption. SIGTERM sets a flag; the loop saves a checkpoint after the step in progress and
+returns (TrainResult.preempted). Rerunning the same command resumes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from t5lite.data.describe import converter_for
+from t5lite.data.pipeline import PipelineConfig, get_dataset
+from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.models.config import ModelConfig
+from t5lite.models.params import abstract_params, init_params, param_logical_axes
+from t5lite.train import checkpoints as ckpt_lib
+from t5lite.train import cost_model, data_state, model_dir as model_dir_lib
+from t5lite.train import partitioning as part
+from t5lite.train.metrics_writer import MetricsWriter, ProgressLine
+from t5lite.train.optimizers import OptimizerConfig, learning_rate_at, make_optimizer
+from t5lite.train.step import StepConfig, eval_step, train_step
+from t5lite.train.train_state import TrainState
+
+Tree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """One training run. Gin binds it through T5X's macro names (gin/runs/pretrain.gin)."""
+
+  model_dir: str
+  """Where checkpoints, metrics, the model config and the vocabulary go (MODEL_DIR)."""
+  train_steps: int
+  """The final step (TRAIN_STEPS): a resumed or finetuning run stops there, as in T5X."""
+  batch_size: int
+  """Global batch size in rows, over all processes (BATCH_SIZE)."""
+  mixture_or_task_name: str
+  """A registered task or mixture (MIXTURE_OR_TASK_NAME)."""
+  task_feature_lengths: Mapping[str, int]
+  """e.g. {'inputs': 512, 'targets': 114} (TASK_FEATURE_LENGTHS)."""
+  seed: int = 0
+  """Seeds the init, the data order and dropout (RANDOM_SEED)."""
+  initial_checkpoint_path: str | None = None
+  """Params to start from when MODEL_DIR has no checkpoint (INITIAL_CHECKPOINT_PATH)."""
+  use_cached_tasks: bool = False
+  """Read tasks from `t5lite cache` output (USE_CACHED_TASKS)."""
+  cache_dir: str | None = None
+  """Where cached tasks are (default: $T5LITE_CACHE_DIR or ~/.cache/t5lite/tasks)."""
+  dropout_rate: float | None = None
+  """Overrides the model file's dropout rate when set (DROPOUT_RATE)."""
+  pack: bool = True
+  """Pack several examples per row (T5X pretraining does)."""
+  data_workers: int = 0
+  """Worker processes computing batch rows (0: in the training process)."""
+  log_period: int = 100
+  """Write metrics and print the progress line every this many steps (and at the end)."""
+  eval_period: int = 1000
+  """Evaluate on eval_split every this many steps (EVAL_PERIOD); 0 = never."""
+  eval_steps: int = 20
+  """Batches per evaluation (fewer when the split ends first)."""
+  eval_split: str = "validation"
+  """The split evaluated; tasks without it are skipped."""
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  step: StepConfig = dataclasses.field(default_factory=StepConfig)
+  """Loss options (LOSS_NORMALIZING_FACTOR, z-loss, ...), microbatches, non-finite policy."""
+  mesh: part.MeshConfig = dataclasses.field(default_factory=part.MeshConfig)
+  fsdp: bool = False
+  """Shard parameters' embed axis over the mesh's 'fsdp' axis (logical_axis_rules)."""
+  checkpoint: ckpt_lib.CheckpointConfig = dataclasses.field(
+      default_factory=ckpt_lib.CheckpointConfig)
+
+  def __post_init__(self):
+    for name in ("train_steps", "batch_size", "log_period", "eval_steps"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if not self.model_dir:
+      raise ValueError("TrainConfig.model_dir (MODEL_DIR) is not set")
+
+
+@dataclasses.dataclass
+class TrainResult:
+  step: int
+  """The step the run ended at."""
+  losses: dict[int, float]
+  """Training loss of every logged step of this process's run (step -> loss)."""
+  preempted: bool = False
+  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  """The last evaluation's figures, keyed like metrics.jsonl (eval/<task>/<metric>)."""
+
+
+class _Preemption:
+  """SIGTERM -> a flag the loop reads between steps (the signal handler does nothing else)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def task_vocabulary(name: str):
+  """The targets vocabulary of a task, or of a mixture's first task."""
+  item = get_mixture_or_task(name)
+  task = item.task_rates()[0][0] if isinstance(item, Mixture) else item
+  feature = task.output_features.get("targets") or next(iter(task.output_features.values()))
+  return feature.vocabulary
+
+
+def _eval_tasks(name: str, split: str) -> list:
+  item = get_mixture_or_task(name)
+  tasks = [t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]
+  return [t for t in tasks if not t.splits or split in t.splits]
+
+
+def _abstract(tree: Tree, shardings: Tree) -> Tree:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+class Trainer:
+  """The pieces of one run that stay fixed while it trains (see `train`)."""
+
+  def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
+    if config.dropout_rate is not None:
+      model_config = model_config.replace(dropout_rate=config.dropout_rate)
+    self.model_config, self.config = model_config, config
+    self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
+    self.rules = part.logical_axis_rules(fsdp=config.fsdp)
+    self.step_config = config.step.replace(seed=config.seed)
+    self.optimizer = make_optimizer(config.optimizer, param_logical_axes(model_config))
+    self.is_primary = jax.process_index() == 0
+    self.converter = converter_for(model_config.architecture, pack=config.pack,
+                                   prefix_lm=model_config.prefix_lm)
+    params = abstract_params(model_config)
+    self.param_shardings = part.param_shardings(model_config, self.mesh, self.rules)
+    abstract_state = jax.eval_shape(functools.partial(TrainState.create,
+                                                      optimizer=self.optimizer), params)
+    self.state_shardings = TrainState(
+        step=NamedSharding(self.mesh, P()), params=self.param_shardings,
+        opt_state=part.state_shardings(abstract_state.opt_state, self.param_shardings, params))
+    self.abstract_state = _abstract(abstract_state, self.state_shardings)
+    self.abstract_params = _abstract(params, self.param_shardings)
+    batch_sharding = part.batch_sharding(self.mesh)
+    self.step_fn = jax.jit(
+        functools.partial(train_step, model_config=model_config, optimizer=self.optimizer,
+                          step_config=self.step_config),
+        in_shardings=(self.state_shardings, batch_sharding),
+        out_shardings=(self.state_shardings, None), donate_argnums=0)
+    self.eval_fn = jax.jit(
+        functools.partial(eval_step, model_config=model_config, step_config=self.step_config),
+        in_shardings=(self.param_shardings, batch_sharding))
+
+  def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
+    c = self.config
+    return PipelineConfig(global_batch_size=c.batch_size,
+                          task_feature_lengths=dict(c.task_feature_lengths), split=split,
+                          seed=c.seed, use_cached=c.use_cached_tasks, cache_dir=c.cache_dir,
+                          **changes)
+
+  def dataset(self, name: str, pipeline_config: PipelineConfig, workers: int = 0):
+    return get_dataset(name, pipeline_config, self.converter, process_index=jax.process_index(),
+                       process_count=jax.process_count(), num_workers=workers)
+
+  # --- the state -----------------------------------------------------------------------------
+
+  def fresh_state(self) -> TrainState:
+    """Random init, created directly in its shards."""
+    def create(rng):
+      return TrainState.create(init_params(self.model_config, rng), self.optimizer)
+    return jax.jit(create, out_shardings=self.state_shardings)(jax.random.key(self.config.seed))
+
+  def state_from_params(self, params: Tree, step: int) -> TrainState:
+    """A fresh optimizer around given params (already placed), at `step`."""
+    def create(p):
+      return TrainState.create(p, self.optimizer).replace(step=jnp.asarray(step, jnp.int32))
+    return jax.jit(create, in_shardings=(self.param_shardings,),
+                   out_shardings=self.state_shardings)(params)
+
+  def initial_params(self, path: str) -> tuple[Tree, int]:
+    """(params, step) from INITIAL_CHECKPOINT_PATH: a t5lite checkpoint or an HF directory."""
+    path = os.path.expanduser(path)
+    if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
+        os.path.join(path, ckpt_lib.CHECKPOINTS_DIR)):
+      return self._hf_params(path), 0
+    return ckpt_lib.restore_params(path, self.abstract_params)
+
+  def _hf_params(self, path: str) -> Tree:
+    from t5lite.export.hf import load_hf  # torch-free unless the checkpoint is a .bin
+    hf_config, params = load_hf(path)
+    mine, theirs = self.model_config.to_dict(), hf_config.to_dict()
+    shape_fields = ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
+                    "num_decoder_layers", "mlp_activation", "tie_output_embedding")
+    differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
+              if mine[k] != theirs[k]]
+    if differ:
+      raise ValueError(f"HF checkpoint {path} does not fit this model config:\n  "
+                       + "\n  ".join(differ))
+    if self.model_config.scan_layers:
+      from t5lite.models.params import scan_params
+      params = scan_params(params, self.model_config)
+    dtype = jnp.dtype(self.model_config.param_dtype)
+    return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x).astype(dtype), s), params,
+                        self.param_shardings)
+
+
+def _host_scalars(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+
+
+def _tokens_per_step(batch: Mapping[str, np.ndarray], global_rows: int) -> tuple[int, int, int]:
+  """(tokens per step, inputs length, targets length) from a host batch's shapes."""
+  inputs = batch["encoder_input_tokens"].shape[1] if "encoder_input_tokens" in batch else 0
+  targets = batch["decoder_target_tokens"].shape[1] if "decoder_target_tokens" in batch else 0
+  return global_rows * (inputs + targets), inputs, targets
+
+
+def evaluate(trainer: Trainer, params: Tree) -> dict[str, float]:
+  """Mean token loss and accuracy on each task's eval split: eval/<task>/{loss,accuracy}."""
+  config = trainer.config
+  out = {}
+  for task in _eval_tasks(config.mixture_or_task_name, config.eval_split):
+    try:
+      batches = trainer.dataset(task.name, trainer.pipeline_config(
+          config.eval_split, shuffle=False, num_epochs=1))
+    except ValueError as e:  # e.g. a split smaller than the batch
+      print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
+      continue
+    totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
+    for _, host_batch in zip(range(config.eval_steps), batches):
+      sums = _host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
+      totals = {k: totals[k] + sums[k] for k in totals}
+    weight = max(totals["weight_sum"], 1e-8)
+    out[f"eval/{task.name}/loss"] = totals["loss"] / weight
+    out[f"eval/{task.name}/accuracy"] = totals["correct"] / weight
+  return out
+
+
+def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None = None,
+          gin_config_text: str | None = None, log: Callable[[str], None] = print,
+          ) -> TrainResult:
+  """Trains until config.train_steps (or SIGTERM); see the module docstring."""
+  vocabulary = task_vocabulary(config.mixture_or_task_name)
+  if vocabulary.vocab_size > model_config.vocab_size:
+    raise ValueError(f"task {config.mixture_or_task_name!r} has a vocabulary of "
+                     f"{vocabulary.vocab_size} ids, more than the model's vocab_size "
+                     f"{model_config.vocab_size}: set ModelConfig.vocab_size >= "
+                     f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
+  trainer = Trainer(model_config, config, mesh)
+  model_config = trainer.model_config
+  if trainer.is_primary:
+    model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
+  with part.activate(trainer.mesh, trainer.rules), _Preemption() as preemption:
+    checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint)
+    try:
+      return _run(trainer, checkpointer, preemption, log)
+    finally:
+      checkpointer.close()
+
+
+def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Preemption,
+         log: Callable[[str], None]) -> TrainResult:
+  config, model_config = trainer.config, trainer.model_config
+  batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
+                            config.data_workers)
+  restored = checkpointer.restore_latest(trainer.abstract_state)
+  if restored is not None:
+    state, saved_data_state, step = restored
+    batches.set_state(saved_data_state)
+    log(f"t5lite: resuming from step {step} in {checkpointer.directory}")
+  elif config.initial_checkpoint_path:
+    params, step = trainer.initial_params(config.initial_checkpoint_path)
+    if step >= config.train_steps:
+      raise ValueError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path} is at step "
+                       f"{step} and TRAIN_STEPS={config.train_steps} is the final step (as in "
+                       f"T5X): set TRAIN_STEPS to {step} + the number of finetuning steps")
+    state = trainer.state_from_params(params, step)
+    log(f"t5lite: initialized from {config.initial_checkpoint_path} (step {step}); "
+        f"{config.train_steps - step} steps to go")
+  else:
+    state, step = trainer.fresh_state(), 0
+  result = TrainResult(step=step, losses={})
+  if step >= config.train_steps:
+    log(f"t5lite: already at step {step} >= TRAIN_STEPS={config.train_steps}; nothing to do "
+        "(raise TRAIN_STEPS to train on)")
+    return result
+
+  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
+  progress = ProgressLine(config.train_steps, start_step=step)
+  peak = cost_model.peak_flops(jax.devices()[0].device_kind)
+  interval_start, interval_steps = time.perf_counter(), 0
+  try:
+    while step < config.train_steps:
+      host_batch = next(batches)
+      state, metrics = trainer.step_fn(state, part.global_batch(host_batch, trainer.mesh))
+      if config.step.nonfinite == "stop" or step + 1 == config.train_steps or (
+          (step + 1) % config.log_period == 0):
+        scalars = _host_scalars(metrics)  # waits for the step
+        if scalars.pop("nonfinite"):
+          if config.step.nonfinite == "stop":
+            last = checkpointer.latest_step()
+            raise FloatingPointError(
+                f"non-finite loss or gradients at step {step} (loss {scalars['loss']}, grad "
+                f"norm {scalars['grad_norm']}); the run stops, the update was not applied. "
+                f"Last checkpoint: {last if last is not None else 'none'}. Lower the learning "
+                "rate, check the data, or set StepConfig.nonfinite='skip' to drop such updates")
+          log(f"t5lite: step {step}: non-finite loss or gradients; update skipped")
+      step += 1
+      interval_steps += 1
+      if step % config.log_period == 0 or step == config.train_steps:
+        tokens, inputs_len, targets_len = _tokens_per_step(host_batch, config.batch_size)
+        seconds = time.perf_counter() - interval_start
+        mfu = None
+        if peak:
+          flops = cost_model.flops_per_sequence(model_config, inputs_len, targets_len)
+          mfu = cost_model.mfu(flops * config.batch_size * interval_steps, seconds,
+                               peak * jax.device_count())
+        lr = learning_rate_at(config.optimizer, step - 1)
+        record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens * interval_steps / seconds}
+        if mfu is not None:
+          record["mfu"] = mfu
+        writer.write(step, record)
+        result.losses[step] = scalars["loss"]
+        if trainer.is_primary:
+          log(progress.update(step, scalars["loss"], lr, tokens * interval_steps, seconds, mfu))
+        interval_start, interval_steps = time.perf_counter(), 0
+      if config.eval_period and (step % config.eval_period == 0 or step == config.train_steps):
+        result.eval_metrics = evaluate(trainer, state.params)
+        writer.write(step, result.eval_metrics)
+        if trainer.is_primary:
+          log("  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
+        interval_start = time.perf_counter()  # eval time is not training throughput
+      stop = preemption.requested
+      if stop or step % config.checkpoint.period == 0 or step == config.train_steps:
+        checkpointer.save(step, state, data_state.global_state(batches))
+      if stop:
+        log(f"t5lite: preempted (SIGTERM): saved checkpoint {step}; rerun the same command to "
+            "resume")
+        result.preempted = True
+        break
+  finally:
+    writer.close()
+  result.step = step
+  return result

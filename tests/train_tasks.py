@@ -1,0 +1,43 @@
+"""Small tasks for trainer tests, on byte tokens; importing this module registers them.
+
+Subprocess tests import it through the CLI's MIXTURE_OR_TASK_MODULE (with tests/ on
+PYTHONPATH), so the trainer runs exactly as a user's `t5lite train` would.
+
+  train_test_sc    T5 span corruption over synthetic word documents (train, validation)
+  train_test_copy  a text -> the same text (train, validation)
+"""
+import numpy as np
+
+from t5lite.data import preprocessors as pp
+from t5lite.data.pretraining import span_corruption_preprocessors
+from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
+from t5lite.data.sources import FunctionSource
+from t5lite.data.vocabularies import ByteVocabulary
+
+VOCAB = ByteVocabulary(extra_ids=100)  # 359 ids; models use vocab_size 384
+FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "the", "a"]
+
+
+def documents(n: int, seed: int) -> list[dict]:
+  rng = np.random.RandomState(seed)
+  return [{"text": " ".join(rng.choice(WORDS, rng.randint(5, 30)))} for _ in range(n)]
+
+
+def _train_docs():
+  return documents(256, 0)
+
+
+def _validation_docs():
+  return documents(64, 1)
+
+
+SOURCES = {"train": FunctionSource(_train_docs), "validation": FunctionSource(_validation_docs)}
+
+if "train_test_sc" not in TaskRegistry.names():
+  add_task("train_test_sc", SOURCES, FEATURES,
+           [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
+            *span_corruption_preprocessors()])
+  add_task("train_test_copy", SOURCES, FEATURES,
+           [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, CACHE_POINT,
+            pp.append_eos_after_trim])
