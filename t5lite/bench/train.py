@@ -1,0 +1,412 @@
+"""`t5lite bench train`: steady-state train-step throughput, t5lite vs HF's PyTorch T5.
+
+Both sides train the same model from the same weights (t5lite's init, exported to HF with
+t5lite.export.hf) with AdamW at the same lr / betas / eps / weight decay, on the same
+examples, in one process; t5lite.bench.hf_t5_train is the HF side. The loss is the same on
+both: mean cross entropy over real target tokens (t5lite's z-loss off, as HF has none).
+
+  --mode pretrain   one random batch (B x inputs_length, B x targets_length tokens, no padding)
+                    fed to both sides at every step. tokens/s counts inputs + targets.
+  --mode finetune   the embedded task stdlib_docstring_summary. t5lite trains on `--steps`
+                    packed batches of the real pipeline (get_dataset, packed
+                    EncDecFeatureConverter, B rows of inputs_length / targets_length); HF on
+                    exactly the examples those rows hold, shuffled and batched B at a time,
+                    each batch padded to its longest example (HF's dynamic padding, labels
+                    -100 on pads). tokens/s counts USEFUL tokens: non-pad inputs + non-pad
+                    targets, the same total on both sides.
+
+Timing: t5lite's step is compiled ahead of time (compile time reported), then each side
+takes 2 warm-up steps (untimed). Then runs alternate t5lite, HF, t5lite, HF, ... `repeats`
+times; a run is the side's whole batch list (`--steps` batches for t5lite; HF's list holds
+the same examples) and ends when its results are ready. Reported step times and tokens/s are
+medians over runs of wall time; ratio_vs_hf is t5lite tokens/s over HF tokens/s (higher =
+t5lite faster). Threads: torch uses --threads (2), XLA CPU uses every core it sees.
+Memory, after timing: each side runs one more step while a thread samples the process RSS;
+the peak above the RSS before it is that side's step memory. On a GPU: the devices' peaks.
+
+  t5lite bench train                      # pretrain, the d_model 256 / 4+4 layer reference
+  t5lite bench train --mode finetune --steps 4 --repeats 5
+  t5lite bench train --model t5_1_1_base --batch_size 128 --dtype bfloat16 --no_hf   # GPU, MFU
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=128, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_encoder_layers=1,
+                 num_decoder_layers=1),
+    "bench": dict(d_model=256, d_ff=1024, num_heads=4, d_kv=64, num_encoder_layers=4,
+                  num_decoder_layers=4),
+    "t5_1_1_small": dict(d_model=512, d_ff=1024, num_heads=6, d_kv=64, num_encoder_layers=8,
+                         num_decoder_layers=8),
+    "t5_1_1_base": dict(d_model=768, d_ff=2048, num_heads=12, d_kv=64, num_encoder_layers=12,
+                        num_decoder_layers=12),
+    "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, d_kv=64, num_encoder_layers=24,
+                         num_decoder_layers=24),
+}
+FINETUNE_TASK = "stdlib_docstring_summary"
+GOALS = {"pretrain": 1.2, "finetune": 2.0}
+
+
+def model_config(name: str, dtype: str = "float32", vocab_size: int | None = None):
+  """A MODELS preset as a T5 v1.1 ModelConfig (gated-GELU, untied head, no dropout)."""
+  from t5lite.models.config import ModelConfig
+  values = {**dict(vocab_size=32128, mlp_activation="gated-gelu", tie_output_embedding=False,
+                   scale_logits=False, dropout_rate=0.0, dtype=dtype), **MODELS[name]}
+  if vocab_size:
+    values["vocab_size"] = vocab_size
+  return ModelConfig(**values)
+
+
+def shift_right(targets: np.ndarray) -> np.ndarray:
+  """Decoder inputs of unpacked targets: [[5 6 1]] -> [[0 5 6]]."""
+  return np.pad(targets[:, :-1], ((0, 0), (1, 0)))
+
+
+def pretrain_batches(vocab_size: int, batch_size: int, lengths: tuple[int, int], seed: int):
+  """([t5lite batch], [HF batch]): one random batch of ids in [2, vocab), no padding."""
+  from t5lite.bench.hf_t5_train import pad_examples
+  rng = np.random.default_rng(seed)
+  inputs = rng.integers(2, vocab_size, (batch_size, lengths[0]), dtype=np.int32)
+  targets = rng.integers(2, vocab_size, (batch_size, lengths[1]), dtype=np.int32)
+  t5lite = {"encoder_input_tokens": inputs, "decoder_input_tokens": shift_right(targets),
+            "decoder_target_tokens": targets,
+            "decoder_loss_weights": np.ones_like(targets)}
+  return [t5lite], [pad_examples(list(zip(inputs, targets)))]
+
+
+def unpack(batch: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The (inputs, targets) examples a packed EncDec batch holds, row by row."""
+  examples = []
+  for row in range(batch["encoder_input_tokens"].shape[0]):
+    enc, dec = batch["encoder_segment_ids"][row], batch["decoder_segment_ids"][row]
+    for segment in np.unique(np.concatenate([enc, dec])):
+      if segment > 0:
+        examples.append((batch["encoder_input_tokens"][row][enc == segment],
+                         batch["decoder_target_tokens"][row][dec == segment]))
+  return examples
+
+
+def finetune_batches(batch_size: int, lengths: tuple[int, int], steps: int, seed: int):
+  """(t5lite packed batches, HF padded batches of the same examples, parity batch, vocab size).
+
+  The parity batch is every example of t5lite's first batch, padded as one HF batch: its HF
+  loss equals t5lite's first loss when both models are the same.
+  """
+  import t5lite_tasks  # noqa: F401 (registers the embedded tasks; builds the vocab once)
+  from t5lite.bench.hf_t5_train import pad_examples
+  from t5lite.data.describe import converter_for
+  from t5lite.data.pipeline import PipelineConfig, get_dataset
+  from t5lite.data.registry import TaskRegistry
+  task = TaskRegistry.get(FINETUNE_TASK)
+  config = PipelineConfig(global_batch_size=batch_size, seed=seed,
+                          task_feature_lengths={"inputs": lengths[0], "targets": lengths[1]})
+  iterator = get_dataset(FINETUNE_TASK, config, converter_for("encoder_decoder"))
+  packed = [next(iterator) for _ in range(steps)]
+  examples = [ex for batch in packed for ex in unpack(batch)]
+  order = np.random.default_rng(seed).permutation(len(examples))  # HF's DataLoader shuffles
+  examples = [examples[i] for i in order]
+  hf = [pad_examples(examples[i:i + batch_size]) for i in range(0, len(examples), batch_size)]
+  vocab_size = task.output_features["targets"].vocabulary.vocab_size
+  return packed, hf, pad_examples(unpack(packed[0])), vocab_size
+
+
+def t5lite_useful_tokens(batch: dict[str, np.ndarray]) -> int:
+  if "encoder_segment_ids" not in batch:  # pretrain: no padding
+    return int(batch["encoder_input_tokens"].size + batch["decoder_target_tokens"].size)
+  return int(np.sum(batch["encoder_segment_ids"] > 0) + np.sum(batch["decoder_segment_ids"] > 0))
+
+
+def rss_bytes() -> int:
+  """Resident set size of this process now."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    import resource  # no /proc: the high-water mark is the best available
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_rss_above(fn: Callable[[], Any], interval: float = 0.002) -> int:
+  """Peak RSS while fn() runs, above the RSS before it (sampled by a thread)."""
+  gc.collect()
+  before = peak = rss_bytes()
+  done = threading.Event()
+
+  def sample():
+    nonlocal peak
+    while not done.is_set():
+      peak = max(peak, rss_bytes())
+      done.wait(interval)
+  thread = threading.Thread(target=sample, daemon=True)
+  thread.start()
+  try:
+    fn()
+  finally:
+    done.set()
+    thread.join()
+  return max(peak, rss_bytes()) - before
+
+
+class T5liteSide:
+  """t5lite's train_step, compiled ahead of time, donating its state."""
+
+  def __init__(self, config, params, optimizer_config, batches):
+    import jax
+    from t5lite.models import param_logical_axes
+    from t5lite.train.optimizers import make_optimizer
+    from t5lite.train.step import StepConfig, train_step
+    from t5lite.train.train_state import TrainState
+    self.jax = jax
+    optimizer = make_optimizer(optimizer_config, param_logical_axes(config))
+    self.batches = [jax.device_put({k: np.asarray(v, np.int32) for k, v in b.items()})
+                    for b in batches]
+    self.state = jax.jit(TrainState.create, static_argnums=1)(params, optimizer)
+    step_config = StepConfig(z_loss=0.0)  # HF's loss has no z-loss
+    fn = functools.partial(train_step, model_config=config, optimizer=optimizer,
+                           step_config=step_config)
+    start = time.perf_counter()
+    self.compiled = jax.jit(fn, donate_argnums=0).lower(self.state, self.batches[0]).compile()
+    self.compile_s = time.perf_counter() - start
+
+  def run(self, batches=None) -> list:
+    losses = []
+    for batch in batches or self.batches:
+      self.state, metrics = self.compiled(self.state, batch)
+      losses.append(metrics["loss"])
+    self.jax.block_until_ready((self.state, losses))
+    return [float(x) for x in losses]
+
+  def compiled_temp_bytes(self) -> int | None:
+    analysis = self.compiled.memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
+
+  def peak_device_bytes(self) -> int | None:
+    stats = self.jax.devices()[0].memory_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+class HFSide:
+  """HFTrainer stepping through its batch list."""
+
+  def __init__(self, trainer, batches):
+    self.trainer = trainer
+    self.batches = [trainer.to_device(b) for b in batches]
+
+  def run(self, batches=None) -> list:
+    losses = [self.trainer.step(batch) for batch in batches or self.batches]
+    self.trainer.synchronize()
+    return [float(x) for x in losses]
+
+
+def _median(values: Sequence[float]) -> float:
+  return float(statistics.median(values))
+
+
+def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size: int = 8,
+        inputs_length: int = 512, targets_length: int = 114, steps: int = 3, repeats: int = 5,
+        dtype: str = "float32", learning_rate: float = 1e-3, threads: int = 2,
+        hf: bool = True, seed: int = 0, log: Callable[[str], Any] | None = print) -> dict:
+  """Runs the benchmark; returns the figures of the final JSON line.
+
+  config: a ModelConfig to use instead of the `model` preset (its vocab_size is replaced by
+  the task's, rounded up to a multiple of 128, in finetune mode).
+  """
+  import jax
+  from t5lite.models import count_params, init_params
+  from t5lite.train import cost_model
+  from t5lite.train.optimizers import OptimizerConfig
+  from t5lite.train.schedules import ScheduleConfig
+  log = log or (lambda _: None)
+  load_before = os.getloadavg()
+  lengths = (inputs_length, targets_length)
+  config = config.replace(dtype=dtype) if config is not None else model_config(model, dtype)
+  if mode == "finetune":
+    packed, hf_batches, parity_batch, task_vocab = finetune_batches(batch_size, lengths, steps,
+                                                                    seed)
+    config = config.replace(vocab_size=-(-task_vocab // 128) * 128)
+    t5lite_batches = packed
+  else:
+    t5lite_batches, hf_batches = pretrain_batches(config.vocab_size, batch_size, lengths, seed)
+    t5lite_batches, hf_batches = t5lite_batches * steps, hf_batches * steps
+    parity_batch = hf_batches[0]
+  tokens_per_run = sum(map(t5lite_useful_tokens, t5lite_batches))
+  optimizer_config = OptimizerConfig(name="adamw", schedule=ScheduleConfig(
+      name="constant", value=learning_rate, warmup_steps=0))
+  params = init_params(config, seed)
+  log(f"bench train: {mode}, model {model} ({count_params(params) / 1e6:.1f}M params, "
+      f"vocab {config.vocab_size}, {config.dtype}), batch {batch_size} x {lengths}, "
+      f"{steps} t5lite steps a run, {repeats} repeats, backend {jax.default_backend()}, "
+      f"load {load_before[0]:.2f}")
+
+  sides: dict[str, Any] = {}
+  warmup_losses: dict[str, list[float]] = {}
+  step0_loss: dict[str, float] = {}
+  if hf:
+    from t5lite.bench.hf_t5_train import HFTrainer, useful_tokens
+    if sum(map(useful_tokens, hf_batches)) != tokens_per_run:
+      raise AssertionError("HF's batches do not hold the same useful tokens as t5lite's")
+    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+    trainer = HFTrainer(config, jax.device_get(params), learning_rate=learning_rate,
+                        b1=optimizer_config.b1, b2=optimizer_config.b2, eps=optimizer_config.eps,
+                        weight_decay=optimizer_config.weight_decay, device=device,
+                        num_threads=threads)
+    step0_loss["hf"] = trainer.loss(trainer.to_device(parity_batch))  # before any update
+    sides["hf"] = HFSide(trainer, hf_batches)
+  t5lite = sides["t5lite"] = T5liteSide(config, params, optimizer_config, t5lite_batches)
+  del params  # donated with the state
+  sides = {"t5lite": t5lite, **({"hf": sides["hf"]} if hf else {})}  # t5lite runs first
+
+  first_step_s = {}
+  for name, side in sides.items():  # warm-up: 2 steps on the first batches, losses kept
+    start = time.perf_counter()
+    warmup_losses[name] = side.run(side.batches[:1]) + side.run(side.batches[1:2] or
+                                                                side.batches[:1])
+    first_step_s[name] = time.perf_counter() - start
+  step0_loss["t5lite"] = warmup_losses["t5lite"][0]
+
+  wall: dict[str, list[float]] = {name: [] for name in sides}
+  cpu: dict[str, list[float]] = {name: [] for name in sides}
+  for _ in range(repeats):
+    for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
+      gc.collect()  # neither side pays for the other's garbage
+      w, c = time.perf_counter(), time.process_time()
+      side.run()
+      wall[name].append(time.perf_counter() - w)
+      cpu[name].append(time.process_time() - c)
+  load_after = os.getloadavg()
+  step_memory = {name: peak_rss_above(functools.partial(side.run, side.batches[:1]))
+                 for name, side in sides.items()}
+
+  rate = {name: tokens_per_run / _median(wall[name]) for name in sides}
+  steps_run = {"t5lite": len(t5lite_batches), "hf": len(hf_batches)}
+  peak = cost_model.peak_flops(jax.devices()[0].device_kind)
+  flops_per_step = cost_model.flops_per_sequence(config, *lengths) * batch_size
+  mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
+  report = {
+      "bench": "train",
+      "mode": mode,
+      "ratio_vs_hf": round(rate["t5lite"] / rate["hf"], 3) if hf else None,
+      "t5lite_tokens_per_s": round(rate["t5lite"], 1),
+      "hf_tokens_per_s": round(rate["hf"], 1) if hf else None,
+      "t5lite_step_s": round(_median(wall["t5lite"]) / steps_run["t5lite"], 4),
+      "hf_step_s": round(_median(wall["hf"]) / steps_run["hf"], 4) if hf else None,
+      "t5lite_compile_s": round(t5lite.compile_s, 2),
+      "first_two_steps_s": {k: round(v, 3) for k, v in first_step_s.items()},
+      "mfu_t5lite": (round(cost_model.mfu(flops_per_step, _median(wall["t5lite"]) /
+                                          steps_run["t5lite"], peak), 4) if peak else None),
+      "step_peak_rss_mb": {k: mb(v) for k, v in step_memory.items()},
+      "t5lite_compiled_temp_mb": mb(t5lite.compiled_temp_bytes()),
+      "device_peak_mb": {"t5lite": mb(t5lite.peak_device_bytes()),
+                         "hf": mb(sides["hf"].trainer.peak_device_bytes()) if hf else None},
+      "process_max_rss_mb": mb(_max_rss()),
+      "step0_loss": {k: round(v, 6) for k, v in step0_loss.items()},
+      "step0_loss_rel_diff": (abs(step0_loss["t5lite"] - step0_loss["hf"]) /
+                              abs(step0_loss["hf"]) if hf else None),
+      "warmup_losses": {k: [round(x, 6) for x in v] for k, v in warmup_losses.items()},
+      "tokens_per_run": tokens_per_run,
+      "tokens_counted": "inputs + targets" if mode == "pretrain" else "non-pad inputs + targets",
+      "steps_per_run": steps_run if hf else {"t5lite": steps_run["t5lite"]},
+      "padding_efficiency": _padding_efficiency(t5lite_batches, hf_batches if hf else None),
+      "cpu_per_wall": {k: round(sum(cpu[k]) / sum(wall[k]), 2) for k in sides},
+      "repeats": repeats, "batch_size": batch_size, "inputs_length": inputs_length,
+      "targets_length": targets_length, "model": model,
+      "config": {k: getattr(config, k) for k in (
+          "vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
+          "num_decoder_layers", "mlp_activation", "tie_output_embedding", "dtype")},
+      "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+      "torch_threads": threads if hf else None, "cpu_count": os.cpu_count(),
+      "hf_attention": sides["hf"].trainer.attention_implementation if hf else None,
+      "load_avg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
+      "wall_s_per_run": {k: [round(x, 3) for x in v] for k, v in wall.items()},
+  }
+  log(_table(report, wall, tokens_per_run))
+  return report
+
+
+def _max_rss() -> int:
+  import resource
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _padding_efficiency(t5lite_batches, hf_batches) -> dict:
+  """Useful tokens over all token positions of each side's batches."""
+  def positions(b):
+    return sum(v.size for k, v in b.items() if k in ("encoder_input_tokens", "decoder_target_tokens",
+                                                     "input_ids", "labels"))
+  out = {"t5lite": round(sum(map(t5lite_useful_tokens, t5lite_batches)) /
+                         sum(map(positions, t5lite_batches)), 4)}
+  if hf_batches is not None:
+    from t5lite.bench.hf_t5_train import useful_tokens
+    out["hf"] = round(sum(map(useful_tokens, hf_batches)) / sum(map(positions, hf_batches)), 4)
+  return out
+
+
+def _table(report: dict, wall: dict, tokens: int) -> str:
+  """The human-readable part of the report."""
+  lines = [f"{'side':8} {'tokens/s (median)':>18} {'min':>8} {'max':>8} {'step s':>8} "
+           f"{'compile/warm-up s':>18} {'step RSS MB':>12}"]
+  for name in wall:
+    rates = [tokens / w for w in wall[name]]
+    first = (report["t5lite_compile_s"] if name == "t5lite" else
+             report["first_two_steps_s"][name])
+    lines.append(f"{name:8} {statistics.median(rates):18.0f} {min(rates):8.0f} {max(rates):8.0f} "
+                 f"{report[name + '_step_s']:8.3f} {first:18.2f} "
+                 f"{report['step_peak_rss_mb'][name] or 0:12.0f}")
+  ratio, goal = report["ratio_vs_hf"], GOALS[report["mode"]]
+  if ratio is not None:
+    lines.append(f"ratio t5lite / HF: {ratio:.2f}x (goal {goal}x: "
+                 f"{'met' if ratio >= goal else 'NOT met'}); step-0 loss t5lite "
+                 f"{report['step0_loss']['t5lite']:.5f} vs HF {report['step0_loss']['hf']:.5f}")
+  lines.append(f"{report['repeats']} interleaved runs of {tokens} {report['tokens_counted']} "
+               f"tokens; padding efficiency {report['padding_efficiency']}; load "
+               f"{report['load_avg_1m']}; cpu/wall {report['cpu_per_wall']}")
+  if report["mfu_t5lite"] is not None:
+    lines.append(f"t5lite MFU {100 * report['mfu_t5lite']:.1f}% on {report['device_kind']}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`t5lite bench train [--mode pretrain|finetune] [--model NAME] ...`: table + JSON line."""
+  parser = argparse.ArgumentParser(
+      prog="t5lite bench train",
+      description="Train-step throughput, t5lite vs HF transformers' PyTorch T5, side by side.")
+  parser.add_argument("--mode", choices=("pretrain", "finetune"), default="pretrain")
+  parser.add_argument("--model", choices=sorted(MODELS), default="bench",
+                      help="'bench': d_model 256, d_ff 1024, 4 heads of 64, 4+4 layers")
+  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--inputs_length", type=int, default=512)
+  parser.add_argument("--targets_length", type=int, default=114)
+  parser.add_argument("--steps", type=int, default=3, help="t5lite steps per timed run")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+  parser.add_argument("--no_hf", action="store_true", help="t5lite only (ratio_vs_hf null)")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(argv)
+  if min(args.batch_size, args.inputs_length, args.targets_length, args.steps, args.repeats,
+         args.threads) < 1:
+    parser.error("sizes, --steps, --repeats and --threads must be positive")
+  report = run(mode=args.mode, model=args.model, batch_size=args.batch_size,
+               inputs_length=args.inputs_length, targets_length=args.targets_length,
+               steps=args.steps, repeats=args.repeats, dtype=args.dtype,
+               learning_rate=args.learning_rate, threads=args.threads, hf=not args.no_hf,
+               seed=args.seed)
+  print(json.dumps(report), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
