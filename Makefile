@@ -23,7 +23,7 @@ $(VENV)/.installed-test: setup.py | $(BIN)/python
 	touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo
-	$(BIN)/t5lite smoke --gin_file=gin/models/tiny.gin
+	$(BIN)/python -m t5lite.demo --out runs/demo
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests

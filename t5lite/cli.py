@@ -11,7 +11,7 @@ import sys
 from t5lite import gin_config, smoke
 
 GIN_VERBS = {
-    "train": "train or finetune a model (trainer: not available yet)",
+    "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
     "eval": "evaluate a checkpoint on tasks (evaluation: not available yet)",
     "infer": "decode inputs with a checkpoint (decoding: not available yet)",
 }
@@ -22,8 +22,8 @@ PLAIN_VERBS = {
 }
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
-    "train": "the trainer", "eval": "evaluation", "infer": "decoding", "export": "export",
-    "import": "import", "bench train": "the trainer", "bench decode": "decoding",
+    "eval": "evaluation", "infer": "decoding", "export": "export",
+    "import": "import", "bench decode": "decoding",
     "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):
@@ -144,6 +144,29 @@ def _smoke(args) -> int:
   return 0
 
 
+def _train(args) -> int:
+  import importlib
+
+  import gin
+
+  import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
+  from t5lite.train import trainer
+  from t5lite.train.checkpoints import CorruptCheckpointError
+  module = gin_config.macro("MIXTURE_OR_TASK_MODULE")
+  for name in ([module] if isinstance(module, str) else list(module or ())):
+    importlib.import_module(name)
+  model_config = gin_config.model_config()
+  train_config = gin_config.train_config()
+  try:
+    result = trainer.train(model_config, train_config, gin_config_text=gin.config_str())
+  except (FloatingPointError, CorruptCheckpointError) as e:
+    print(f"t5lite train: {e}", file=sys.stderr)
+    return 1
+  print(f"t5lite train: {'preempted' if result.preempted else 'done'} at step {result.step}; "
+        f"model dir {train_config.model_dir}")
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
@@ -156,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
       gin_config.parse(gin_files, bindings)
     if args.verb == "smoke":
       return _smoke(args)
+    if args.verb == "train":
+      return _train(args)
     if args.verb in ("tasks", "cache"):
       return _data_verb(args)
     if args.verb == "plot":

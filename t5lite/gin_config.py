@@ -6,7 +6,9 @@ Only entry points read gin; everything underneath takes plain dataclasses. Model
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
+import logging
 import pathlib
 import re
 import tokenize
@@ -14,11 +16,20 @@ import tokenize
 import gin
 
 from t5lite.models.config import ModelConfig
+from t5lite.train.checkpoints import CheckpointConfig
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.partitioning import MeshConfig
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.step import StepConfig
+from t5lite.train.trainer import TrainConfig
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
-# Registered as `ModelConfig` (or `t5lite.ModelConfig`); the class itself stays gin-free.
-gin.external_configurable(ModelConfig, name="ModelConfig", module="t5lite")
+# Registered by name (e.g. `ModelConfig`, or `t5lite.ModelConfig`); the classes stay gin-free.
+CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
+                 MeshConfig, CheckpointConfig)
+for _cls in CONFIGURABLES:
+  gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 
 
 class GinConfigError(ValueError):
@@ -47,10 +58,11 @@ def _explain(error: Exception) -> str:
     message, (line, _) = error.args
     return f"line {line}: {message} (an unclosed bracket or quote above it?)"
   message = str(error)
-  match = re.search(r"Configurable 'ModelConfig' doesn't have a parameter named '(\w+)'", message)
-  if match:
-    fields = list(ModelConfig.__dataclass_fields__)
-    near = difflib.get_close_matches(match.group(1), fields, n=3)
+  match = re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", message)
+  classes = {cls.__name__: cls for cls in CONFIGURABLES}
+  if match and match.group(1) in classes:
+    fields = list(classes[match.group(1)].__dataclass_fields__)
+    near = difflib.get_close_matches(match.group(2), fields, n=3)
     if near:
       message += f"\n  Did you mean: {', '.join(near)}?"
   return message
@@ -68,11 +80,28 @@ def _parse_binding(binding: str) -> None:
     gin.parse_config(f"{name} = {value!r}")
 
 
+class _QuietMissingPaths(logging.Filter):
+  """Drops gin's resource reader's 'Path not found' errors: gin tries an include under every
+  search path (the current folder first) and logs each miss, even when a later one hits."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Path not found")
+
+
 def parse(gin_files: list[str] = (), bindings: list[str] = (), *, clear: bool = True) -> None:
   """Parses gin files, then NAME=VALUE bindings (later ones win), raising GinConfigError."""
   if clear:
     gin.clear_config()
   gin.add_config_file_search_path(str(REPO_GIN_DIR))
+  quiet = _QuietMissingPaths()
+  logging.getLogger().addFilter(quiet)
+  try:
+    _parse(gin_files, bindings)
+  finally:
+    logging.getLogger().removeFilter(quiet)
+
+
+def _parse(gin_files: list[str], bindings: list[str]) -> None:
   for path in gin_files:
     resolved = resolve_gin_file(path)
     try:
@@ -90,16 +119,50 @@ def parse(gin_files: list[str] = (), bindings: list[str] = (), *, clear: bool = 
 
 def model_config() -> ModelConfig:
   """The ModelConfig that the parsed gin files built as MODEL_CONFIG."""
-  try:
-    reference = gin.query_parameter("%MODEL_CONFIG")
-  except ValueError as e:
-    raise GinConfigError("no MODEL_CONFIG is bound: add a model file, e.g. "
-                         "--gin_file=gin/models/t5_1_1/small.gin") from e
-  try:
-    config = copy.deepcopy(reference)  # evaluates @ModelConfig() with its bindings
-  except (TypeError, ValueError) as e:
-    raise GinConfigError(f"MODEL_CONFIG cannot be built: {e}") from e
+  config = _build("MODEL_CONFIG", ModelConfig,
+                  "add a model file, e.g. --gin_file=gin/models/t5_1_1/small.gin")
   return ModelConfig.from_dict(config.to_dict())
+
+
+def _build(macro: str, cls, hint: str):
+  """The object that the macro %`macro` evaluates to, built with its bindings."""
+  try:
+    reference = gin.query_parameter(f"%{macro}")
+  except ValueError as e:
+    raise GinConfigError(f"no {macro} is bound: {hint}") from e
+  try:
+    return copy.deepcopy(reference)  # evaluates @Configurable() with its bindings
+  except (TypeError, ValueError) as e:
+    missing = re.search(r"Required bindings for `(\w+)` not provided in config: \[(.*)\]",
+                        str(e))
+    if missing:
+      raise GinConfigError(f"{cls.__name__} needs {missing.group(2)}: bind it, e.g. "
+                           f"--gin.MODEL_DIR=/tmp/run (T5X macro names: MODEL_DIR, "
+                           "MIXTURE_OR_TASK_NAME, TRAIN_STEPS, ...)") from e
+    raise GinConfigError(f"{macro} cannot be built: {e}") from e
+
+
+def train_config() -> TrainConfig:
+  """The TrainConfig that the parsed run file (gin/runs/...) built as TRAIN_CONFIG."""
+  config = _build("TRAIN_CONFIG", TrainConfig,
+                  "add a run file, e.g. --gin_file=gin/runs/pretrain.gin")
+  if not isinstance(config, TrainConfig):
+    raise GinConfigError(f"TRAIN_CONFIG must be @TrainConfig(), got {type(config).__name__}")
+  # A macro set to %gin.REQUIRED reaches the dataclass as gin's REQUIRED marker.
+  missing = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) is gin.REQUIRED]
+  if missing:
+    flags = " ".join(f"--gin.{name.upper()}=..." for name in missing)
+    raise GinConfigError(f"the run file requires {', '.join(n.upper() for n in missing)}: "
+                         f"add {flags}")
+  return config
+
+
+def macro(name: str, default=None):
+  """The value of a gin macro, or `default` when the config does not bind it."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return default
 
 
 def split_gin_flags(argv: list[str]) -> tuple[list[str], list[str], list[str]]:

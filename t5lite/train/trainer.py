@@ -82,6 +82,9 @@ class TrainConfig:
   """Write metrics and print the progress line every this many steps (and at the end)."""
   eval_period: int = 1000
   """Evaluate on eval_split every this many steps (EVAL_PERIOD); 0 = never."""
+  run_eval_before_training: bool = False
+  """Also evaluate once before the first step (T5X's name), e.g. to see what finetuning
+  improves."""
   eval_steps: int = 20
   """Batches per evaluation (fewer when the split ends first)."""
   eval_split: str = "validation"
@@ -271,6 +274,14 @@ def evaluate(trainer: Trainer, params: Tree) -> dict[str, float]:
   return out
 
 
+def _log_eval(trainer: Trainer, state: TrainState, step: int, writer: MetricsWriter,
+              result: TrainResult, log: Callable[[str], None]) -> None:
+  result.eval_metrics = evaluate(trainer, state.params)
+  writer.write(step, result.eval_metrics)
+  if trainer.is_primary and result.eval_metrics:
+    log(f"step {step} eval: " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
+
+
 def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None = None,
           gin_config_text: str | None = None, log: Callable[[str], None] = print,
           ) -> TrainResult:
@@ -321,6 +332,8 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
     return result
 
   writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
+  if config.eval_period and config.run_eval_before_training:
+    _log_eval(trainer, state, step, writer, result, log)
   progress = ProgressLine(config.train_steps, start_step=step)
   peak = cost_model.peak_flops(jax.devices()[0].device_kind)
   interval_start, interval_steps = time.perf_counter(), 0
@@ -360,10 +373,7 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
           log(progress.update(step, scalars["loss"], lr, tokens * interval_steps, seconds, mfu))
         interval_start, interval_steps = time.perf_counter(), 0
       if config.eval_period and (step % config.eval_period == 0 or step == config.train_steps):
-        result.eval_metrics = evaluate(trainer, state.params)
-        writer.write(step, result.eval_metrics)
-        if trainer.is_primary:
-          log("  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
+        _log_eval(trainer, state, step, writer, result, log)
         interval_start = time.perf_counter()  # eval time is not training throughput
       stop = preemption.requested
       if stop or step % config.checkpoint.period == 0 or step == config.train_steps:

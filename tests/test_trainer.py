@@ -1,0 +1,220 @@
+"""The training loop in-process: exact resume, meshes, restore elsewhere, init from checkpoints.
+
+Subprocess behaviour (SIGKILL, SIGTERM, the CLI and its gin run files) is in test_train_cli.py.
+"""
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import train_tasks  # noqa: F401 (registers train_test_sc, train_test_copy)
+from conftest import tiny
+from t5lite.export.hf import save_hf
+from t5lite.models import init_params
+from t5lite.train import checkpoints as ckpt_lib
+from t5lite.train.checkpoints import CheckpointConfig
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.partitioning import MeshConfig, make_mesh
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.step import StepConfig
+from t5lite.train.trainer import TrainConfig, Trainer, train
+
+MODEL = tiny(vocab_size=384, dropout_rate=0.1)  # dropout on: its rng must survive a restart
+LENGTHS = {"inputs": 64, "targets": 16}
+
+
+def config(model_dir, **changes) -> TrainConfig:
+  base = dict(model_dir=str(model_dir), train_steps=6, batch_size=8,
+              mixture_or_task_name="train_test_sc", task_feature_lengths=LENGTHS, log_period=1,
+              eval_period=0, checkpoint=CheckpointConfig(period=3, async_save=True),
+              optimizer=OptimizerConfig(schedule=ScheduleConfig(warmup_steps=10, value=0.3)))
+  return TrainConfig(**{**base, **changes})
+
+
+def quiet(_):
+  pass
+
+
+def jsonl_losses(model_dir) -> dict[int, float]:
+  """step -> loss; a step logged twice (re-run after a crash) keeps its last record."""
+  out = {}
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if "loss" in record:
+        out[record["step"]] = record["loss"]
+  return out
+
+
+def final_params(model_dir, model=MODEL):
+  trainer = Trainer(model, config(model_dir))
+  params, step = ckpt_lib.restore_params(model_dir, trainer.abstract_params)
+  return jax.device_get(params), step
+
+
+def assert_trees_equal(a, b):
+  flat_a, flat_b = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)
+  assert len(flat_a) == len(flat_b)
+  for (path, x), y in zip(flat_a, flat_b):
+    assert np.array_equal(np.asarray(x), np.asarray(y)), jax.tree_util.keystr(path)
+
+
+def test_stop_and_resume_equals_one_run_bitwise(tmp_path):
+  one = train(MODEL, config(tmp_path / "one"), log=quiet)
+  half = train(MODEL, config(tmp_path / "two", train_steps=3), log=quiet)
+  # Raising TRAIN_STEPS and rerunning into the same MODEL_DIR continues the finished run.
+  rest = train(MODEL, config(tmp_path / "two"), log=quiet)
+  assert sorted(one.losses) == list(range(1, 7))
+  assert {**half.losses, **rest.losses} == one.losses  # bitwise: float equality
+  assert jsonl_losses(tmp_path / "two") == jsonl_losses(tmp_path / "one") == one.losses
+  assert one.losses[6] < one.losses[1]
+  params_one, step_one = final_params(tmp_path / "one")
+  params_two, step_two = final_params(tmp_path / "two")
+  assert step_one == step_two == 6
+  assert_trees_equal(params_one, params_two)
+  # A finished run rerun as it was does nothing.
+  messages = []
+  again = train(MODEL, config(tmp_path / "two"), log=messages.append)
+  assert again.step == 6 and not again.losses and "nothing to do" in messages[-1]
+
+
+def test_model_dir_is_self_describing(tmp_path):
+  train(MODEL, config(tmp_path, train_steps=2, eval_period=2, eval_steps=2), log=quiet)
+  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.train.model_dir import load_model_config
+  assert load_model_config(tmp_path) == MODEL
+  assert load_vocabulary(tmp_path) == train_tasks.VOCAB
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  train_records = [r for r in records if "loss" in r]
+  assert [r["step"] for r in train_records] == [1, 2]
+  assert {"learning_rate", "accuracy", "grad_norm", "tokens_per_s"} <= set(train_records[0])
+  evals = [r for r in records if "eval/train_test_sc/loss" in r]
+  assert len(evals) == 1 and evals[0]["step"] == 2
+  assert 0 < evals[0]["eval/train_test_sc/loss"] < 10
+  assert os.listdir(tmp_path / "tensorboard")
+  # Another model config cannot continue this run.
+  with pytest.raises(ValueError, match=r"another model config \(d_model: 32 -> 64\)"):
+    train(MODEL.replace(d_model=64), config(tmp_path, train_steps=3), log=quiet)
+
+
+MESHES = [(8, 1, 1), (2, 4, 1), (1, 8, 1), (2, 2, 2)]
+
+
+@pytest.mark.parametrize("sizes,fsdp", [(s, False) for s in MESHES] + [((1, 8, 1), True)])
+def test_meshes_give_the_one_device_trajectory(tmp_path, sizes, fsdp):
+  model = MODEL.replace(dropout_rate=0.0)
+  reference = train(model, config(tmp_path / "one", train_steps=3),
+                    mesh=make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1]), log=quiet)
+  data, fsdp_size, tensor = sizes
+  sharded_config = config(tmp_path / "mesh", train_steps=3, fsdp=fsdp,
+                          mesh=MeshConfig(data=data, fsdp=fsdp_size, tensor=tensor))
+  sharded = train(model, sharded_config, log=quiet)
+  np.testing.assert_allclose([sharded.losses[s] for s in (1, 2, 3)],
+                             [reference.losses[s] for s in (1, 2, 3)], rtol=2e-5)
+  params, _ = ckpt_lib.restore_params(tmp_path / "mesh", Trainer(model, sharded_config)
+                                      .abstract_params)
+  kernel = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]  # (embed, mlp)
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp" if fsdp else None, "tensor")
+  assert kernel.addressable_shards[0].data.shape == (32 // (fsdp_size if fsdp else 1),
+                                                     64 // tensor)
+
+
+def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path):
+  train(MODEL, config(tmp_path, train_steps=3, mesh=MeshConfig(data=8)), log=quiet)
+  saved, _ = final_params(tmp_path)
+  other = Trainer(MODEL, config(tmp_path, mesh=MeshConfig(data=2, fsdp=2, tensor=2), fsdp=True))
+  checkpointer = ckpt_lib.Checkpointer(tmp_path, read_only=True)
+  state, data_state, step = checkpointer.restore_latest(other.abstract_state)
+  checkpointer.close()
+  assert step == 3 and int(state.step) == 3 and len(data_state["rows"]) == 8
+  assert_trees_equal(jax.device_get(state.params), saved)
+  wo = state.params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]  # (mlp, embed)
+  assert wo.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+  # ... and training goes on there.
+  result = train(MODEL, config(tmp_path, train_steps=4, mesh=MeshConfig(2, 2, 2), fsdp=True),
+                 log=quiet)
+  assert list(result.losses) == [4]
+
+
+def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_path):
+  train(MODEL, config(tmp_path / "pre", train_steps=3), log=quiet)
+  pretrained, _ = final_params(tmp_path / "pre")
+  finetune = config(tmp_path / "ft", train_steps=5, mixture_or_task_name="train_test_copy",
+                    initial_checkpoint_path=str(tmp_path / "pre"),
+                    optimizer=OptimizerConfig(name="adamw"))
+  trainer = Trainer(MODEL, finetune)
+  params, step = trainer.initial_params(finetune.initial_checkpoint_path)
+  assert step == 3
+  assert_trees_equal(jax.device_get(params), pretrained)
+  state = trainer.state_from_params(params, step)
+  mu = state.opt_state[1][0].mu  # (clip, adamw=(scale_by_adam, ...)): fresh moments
+  assert all(not np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(mu))
+  messages = []
+  result = train(MODEL, finetune, log=messages.append)
+  assert sorted(result.losses) == [4, 5]
+  assert any("2 steps to go" in m for m in messages)
+  with pytest.raises(ValueError, match="TRAIN_STEPS to 3 \\+ the number of finetuning steps"):
+    train(MODEL, config(tmp_path / "ft2", train_steps=3,
+                        initial_checkpoint_path=str(tmp_path / "pre")), log=quiet)
+
+
+def test_mismatched_checkpoint_names_the_parameters(tmp_path):
+  train(MODEL, config(tmp_path / "pre", train_steps=1), log=quiet)
+  bigger = MODEL.replace(vocab_size=512)
+  with pytest.raises(ValueError, match=r"token_embedder.*checkpoint \(384, 32\), model "
+                     r"\(512, 32\)"):
+    train(bigger, config(tmp_path / "ft", train_steps=2,
+                         initial_checkpoint_path=str(tmp_path / "pre")), log=quiet)
+
+
+def test_init_from_an_hf_checkpoint(tmp_path):
+  model = MODEL.replace(dropout_rate=0.0)
+  params = jax.device_get(init_params(model, 7))
+  save_hf(model, params, str(tmp_path / "hf"))
+  trainer = Trainer(model, config(tmp_path / "run", initial_checkpoint_path=str(tmp_path / "hf")))
+  loaded, step = trainer.initial_params(str(tmp_path / "hf"))
+  assert step == 0
+  assert_trees_equal(jax.device_get(loaded), params)
+  with pytest.raises(ValueError, match="vocab_size: checkpoint 384, model 512"):
+    Trainer(model.replace(vocab_size=512), config(tmp_path)).initial_params(
+        str(tmp_path / "hf"))
+
+
+def test_vocabulary_larger_than_the_model_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="set ModelConfig.vocab_size >= 359"):
+    train(MODEL.replace(vocab_size=256), config(tmp_path), log=quiet)
+
+
+def test_nonfinite_loss_stops_with_a_clear_message_or_is_skipped(tmp_path):
+  explode = OptimizerConfig(name="adamw", schedule=ScheduleConfig(name="constant", value=1e30,
+                                                                   warmup_steps=0))
+  with pytest.raises(FloatingPointError, match="non-finite loss or gradients at step"):
+    train(MODEL, config(tmp_path / "stop", optimizer=explode, train_steps=8), log=quiet)
+  skip = config(tmp_path / "skip", optimizer=explode, train_steps=8,
+                step=StepConfig(nonfinite="skip"))
+  messages = []
+  result = train(MODEL, skip, log=messages.append)
+  assert result.step == 8 and any("update skipped" in m for m in messages)
+
+
+def test_checkpoint_keep_policy_and_corrupt_fallback(tmp_path):
+  train(MODEL, config(tmp_path, train_steps=8, log_period=4,
+                      checkpoint=CheckpointConfig(period=1, keep=2, keep_period=4)), log=quiet)
+  checkpointer = ckpt_lib.Checkpointer(tmp_path, read_only=True)
+  assert checkpointer.all_steps() == [4, 7, 8]  # the newest 2, and every 4th
+  trainer = Trainer(MODEL, config(tmp_path))
+  # Corrupt step 8: every file of its state item truncated to nothing.
+  for root, _, files in os.walk(tmp_path / "checkpoints" / "8" / "state"):
+    for name in files:
+      open(os.path.join(root, name), "w").close()
+  state, _, step = checkpointer.restore_latest(trainer.abstract_state)
+  assert step == 7 and int(state.step) == 7
+  strict = ckpt_lib.Checkpointer(tmp_path, dataclasses.replace(CheckpointConfig(),
+                                                               on_corrupt="stop"), read_only=True)
+  with pytest.raises(ckpt_lib.CorruptCheckpointError, match="checkpoint step 8 .* cannot be "
+                     "restored"):
+    strict.restore_latest(trainer.abstract_state)
+  assert strict.all_steps() == [4, 7, 8]  # nothing deleted
