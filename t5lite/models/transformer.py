@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from t5lite.models.attention import (MultiHeadAttention, causal_mask, mask_to_bias,
                                      prefix_lm_mask, segment_mask)
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm
+from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
                                      sinusoidal_embedding)
 
@@ -168,6 +168,6 @@ class LogitsHead(nn.Module):
       init = nn.with_logical_partitioning(nn.initializers.normal(cfg.d_model ** -0.5),
                                           ("embed", "vocab"))
       kernel = self.param("kernel", init, (cfg.d_model, cfg.vocab_size), cfg.storage_dtype)
-      logits = jnp.einsum("bld,dv->blv", x.astype(cfg.compute_dtype),
-                          kernel.astype(cfg.compute_dtype), preferred_element_type=jnp.float32)
+      logits = matmul_2d(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), 1,
+                         preferred_element_type=jnp.float32)  # (B, L, V)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
