@@ -23,7 +23,7 @@ PLAIN_VERBS = {
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
     "eval": "evaluation", "infer": "decoding", "export": "export",
-    "import": "import", "bench decode": "decoding",
+    "import": "import", "bench train": "the trainer", "bench decode": "decoding",
     "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):

@@ -103,11 +103,17 @@ def test_model_dir_is_self_describing(tmp_path):
 MESHES = [(8, 1, 1), (2, 4, 1), (1, 8, 1), (2, 2, 2)]
 
 
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+  """3 steps on a single device: the trajectory every mesh must reproduce."""
+  return train(MODEL.replace(dropout_rate=0.0), config(tmp_path_factory.mktemp("one"),
+                                                       train_steps=3),
+               mesh=make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1]), log=quiet)
+
+
 @pytest.mark.parametrize("sizes,fsdp", [(s, False) for s in MESHES] + [((1, 8, 1), True)])
-def test_meshes_give_the_one_device_trajectory(tmp_path, sizes, fsdp):
-  model = MODEL.replace(dropout_rate=0.0)
-  reference = train(model, config(tmp_path / "one", train_steps=3),
-                    mesh=make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1]), log=quiet)
+def test_meshes_give_the_one_device_trajectory(tmp_path, one_device, sizes, fsdp):
+  model, reference = MODEL.replace(dropout_rate=0.0), one_device
   data, fsdp_size, tensor = sizes
   sharded_config = config(tmp_path / "mesh", train_steps=3, fsdp=fsdp,
                           mesh=MeshConfig(data=data, fsdp=fsdp_size, tensor=tensor))
@@ -192,12 +198,12 @@ def test_nonfinite_loss_stops_with_a_clear_message_or_is_skipped(tmp_path):
   explode = OptimizerConfig(name="adamw", schedule=ScheduleConfig(name="constant", value=1e30,
                                                                    warmup_steps=0))
   with pytest.raises(FloatingPointError, match="non-finite loss or gradients at step"):
-    train(MODEL, config(tmp_path / "stop", optimizer=explode, train_steps=8), log=quiet)
-  skip = config(tmp_path / "skip", optimizer=explode, train_steps=8,
+    train(MODEL, config(tmp_path / "stop", optimizer=explode, train_steps=4), log=quiet)
+  skip = config(tmp_path / "skip", optimizer=explode, train_steps=4,
                 step=StepConfig(nonfinite="skip"))
   messages = []
   result = train(MODEL, skip, log=messages.append)
-  assert result.step == 8 and any("update skipped" in m for m in messages)
+  assert result.step == 4 and any("update skipped" in m for m in messages)
 
 
 def test_checkpoint_keep_policy_and_corrupt_fallback(tmp_path):

@@ -1,0 +1,175 @@
+"""`t5lite train` as users run it: gin run files, SIGKILL mid-run, SIGTERM, every run config.
+
+The reference runs go through cli.main in this process; the interrupted ones are real
+`python -m t5lite.cli train` subprocesses with the same gin, which must end with the same
+losses (bitwise) and params as the reference after a restart.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO
+from t5lite import cli
+from t5lite.train import checkpoints as ckpt_lib
+from t5lite.train.model_dir import load_model_config
+from t5lite.train.trainer import Trainer, TrainConfig
+
+STEPS = 200  # enough that a subprocess is still training when the test interrupts it
+RUN_GIN = f"""
+include 'runs/pretrain.gin'
+include 'models/tiny.gin'
+ModelConfig.vocab_size = 384
+ModelConfig.dropout_rate = 0.1
+MIXTURE_OR_TASK_MODULE = 'train_tasks'
+MIXTURE_OR_TASK_NAME = 'train_test_sc'
+TASK_FEATURE_LENGTHS = {{'inputs': 64, 'targets': 16}}
+BATCH_SIZE = 8
+TRAIN_STEPS = {STEPS}
+EVAL_PERIOD = 0
+TrainConfig.log_period = 1
+CheckpointConfig.period = 25
+ScheduleConfig.warmup_steps = 10
+ScheduleConfig.value = 0.1
+"""
+
+
+def losses(model_dir) -> dict[int, float]:
+  """step -> loss, a re-run step keeping its last record."""
+  out = {}
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if record.get("loss") is not None:
+        out[record["step"]] = record["loss"]
+  return out
+
+
+def params_of(model_dir):
+  model_config = load_model_config(model_dir)
+  trainer = Trainer(model_config, TrainConfig(model_dir=str(model_dir), train_steps=1,
+                                              batch_size=8, mixture_or_task_name="train_test_sc",
+                                              task_feature_lengths={"inputs": 64}))
+  params, step = ckpt_lib.restore_params(model_dir, trainer.abstract_params)
+  return jax.device_get(params), step
+
+
+def train_argv(gin_file, model_dir, *more):
+  return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
+
+
+def spawn(gin_file, model_dir):
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"),
+                                                      os.environ.get("PYTHONPATH", "")])}
+  return subprocess.Popen([sys.executable, "-m", "t5lite.cli",
+                           *train_argv(gin_file, model_dir)], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_step(process, model_dir, step, timeout=240):
+  """Blocks until metrics.jsonl shows `step`; the process must still be running then."""
+  deadline = time.time() + timeout
+  path = os.path.join(model_dir, "metrics.jsonl")
+  while time.time() < deadline:
+    if os.path.exists(path) and max(losses(model_dir), default=0) >= step:
+      assert process.poll() is None, "the run ended before the test could interrupt it"
+      return
+    if process.poll() is not None:
+      pytest.fail(f"the run exited early ({process.returncode}):\n{process.stdout.read()}")
+    time.sleep(0.05)
+  process.kill()
+  pytest.fail(f"no step {step} within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def gin_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("gin") / "run.gin"
+  path.write_text(RUN_GIN)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(gin_file, tmp_path_factory):
+  """The uninterrupted run: its model dir."""
+  sys.path.insert(0, str(REPO / "tests"))  # MIXTURE_OR_TASK_MODULE = 'train_tasks'
+  model_dir = tmp_path_factory.mktemp("reference")
+  assert cli.main(train_argv(gin_file, model_dir)) == 0
+  return model_dir
+
+
+def test_reference_run_writes_a_self_describing_model_dir(reference):
+  names = set(os.listdir(reference))
+  assert {"checkpoints", "metrics.jsonl", "model_config.json", "vocabulary.json", "config.gin",
+          "tensorboard"} <= names
+  assert f"TRAIN_STEPS = {STEPS}" in (reference / "config.gin").read_text()
+  steps = losses(reference)
+  assert sorted(steps) == list(range(1, STEPS + 1))
+  assert np.mean([steps[s] for s in range(STEPS - 9, STEPS + 1)]) < np.mean(
+      [steps[s] for s in range(1, 11)])
+
+
+def test_sigkill_mid_run_then_restart_equals_the_uninterrupted_run(gin_file, reference,
+                                                                   tmp_path):
+  process = spawn(gin_file, tmp_path)
+  wait_for_step(process, tmp_path, 30)  # past the checkpoint at 25
+  process.send_signal(signal.SIGKILL)
+  assert process.wait() == -signal.SIGKILL
+  killed_at = max(losses(tmp_path))
+  assert killed_at < STEPS
+  assert cli.main(train_argv(gin_file, tmp_path)) == 0  # resumes from the last commit
+  assert losses(tmp_path) == losses(reference)  # every step, bitwise
+  resumed, step = params_of(tmp_path)
+  expected, _ = params_of(reference)
+  assert step == STEPS
+  for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(expected)):
+    assert np.array_equal(a, b)
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_cleanly(gin_file, reference, tmp_path):
+  process = spawn(gin_file, tmp_path)
+  wait_for_step(process, tmp_path, 7)
+  process.send_signal(signal.SIGTERM)
+  out, _ = process.communicate(timeout=120)
+  assert process.returncode == 0, out
+  saved = [int(line.split("saved checkpoint ")[1].split(";")[0]) for line in out.splitlines()
+           if "preempted (SIGTERM): saved checkpoint" in line]
+  assert len(saved) == 1 and 7 <= saved[0] < STEPS
+  assert saved[0] in ckpt_lib.Checkpointer(tmp_path, read_only=True).all_steps()
+  assert max(losses(tmp_path)) == saved[0]  # it stopped right after saving
+  assert cli.main(train_argv(gin_file, tmp_path)) == 0
+  assert losses(tmp_path) == losses(reference)
+
+
+def test_demo_run_configs_train_end_to_end(tmp_path, capsys):
+  """gin/runs/demo.gin and demo_finetune.gin, a few steps each, on the embedded data."""
+  pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
+  assert cli.main(train_argv("gin/runs/demo.gin", pretrain, "--gin.TRAIN_STEPS=2",
+                             "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1")) == 0
+  assert cli.main(train_argv("gin/runs/demo_finetune.gin", finetune,
+                             f"--gin.INITIAL_CHECKPOINT_PATH={pretrain}", "--gin.TRAIN_STEPS=4",
+                             "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1")) == 0
+  out = capsys.readouterr().out
+  assert "initialized from" in out and "(step 2); 2 steps to go" in out
+  records = [json.loads(line) for line in open(finetune / "metrics.jsonl")]
+  assert [r["step"] for r in records if "loss" in r] == [4]  # log_period 20: the last step
+  eval_steps = [r["step"] for r in records if "eval/stdlib_docstring_summary/loss" in r]
+  assert eval_steps == [2, 4]  # before training (run_eval_before_training) and at the end
+
+
+def test_missing_required_macros_are_named(capsys):
+  assert cli.main(["train", "--gin_file=gin/runs/pretrain.gin",
+                   "--gin_file=gin/models/tiny.gin"]) == 2
+  err = capsys.readouterr().err
+  assert "requires MODEL_DIR, MIXTURE_OR_TASK_NAME" in err and "--gin.MODEL_DIR=" in err
+
+
+def test_unknown_task_lists_near_names(tmp_path, capsys):
+  assert cli.main(train_argv("gin/runs/demo.gin", tmp_path,
+                             "--gin.MIXTURE_OR_TASK_NAME=stdlib_span_corruptoin")) == 2
+  assert "closest: stdlib_span_corruption" in capsys.readouterr().err
