@@ -79,3 +79,37 @@ def test_split_gin_flags():
   files, bindings, rest = gin_config.split_gin_flags(
       ["train", "--gin_file=a.gin", "--gin_file", "b.gin", "--gin.X=1", "--steps", "3"])
   assert files == ["a.gin", "b.gin"] and bindings == ["X=1"] and rest == ["train", "--steps", "3"]
+
+
+RUN_FILES = [f for f in gin_config.shipped_gin_files() if f.startswith("gin/runs/")]
+T5X_MACROS = ["MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "MIXTURE_OR_TASK_NAME",
+              "TASK_FEATURE_LENGTHS", "RANDOM_SEED", "INITIAL_CHECKPOINT_PATH",
+              "USE_CACHED_TASKS", "EVAL_PERIOD", "LOSS_NORMALIZING_FACTOR", "DROPOUT_RATE"]
+
+
+def test_the_expected_run_files_ship():
+  assert {"gin/runs/pretrain.gin", "gin/runs/finetune.gin", "gin/runs/demo.gin",
+          "gin/runs/demo_finetune.gin"} <= set(RUN_FILES)
+
+
+@pytest.mark.parametrize("path", RUN_FILES)
+def test_run_file_builds_a_train_config(path):
+  """Every run file, with a model file where it has none and its required macros bound."""
+  gin_config.parse([path, "gin/models/tiny.gin"], [
+      "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'",
+      "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000"])
+  config = gin_config.train_config()
+  assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
+  for macro in T5X_MACROS:  # T5X users' scripts can rely on these names
+    assert gin_config.macro(macro, default=KeyError) is not KeyError, macro
+  assert gin_config.model_config().d_model == 64
+
+
+def test_finetune_overrides_pretraining_defaults():
+  gin_config.parse(["gin/runs/finetune.gin", "gin/models/t5_1_1/base.gin"],
+                   ["MODEL_DIR='/tmp/ft'", "MIXTURE_OR_TASK_NAME='x'",
+                    "INITIAL_CHECKPOINT_PATH='/tmp/pre'"])
+  config = gin_config.train_config()
+  assert config.dropout_rate == 0.1 and config.optimizer.schedule.name == "constant"
+  assert config.optimizer.schedule.value == 1e-3 and config.initial_checkpoint_path == "/tmp/pre"
+  assert config.task_feature_lengths == {"inputs": 512, "targets": 128}
