@@ -1,9 +1,8 @@
 """`t5lite smoke`: forward/backward steps of a gin-configured model on embedded text.
 
 A quick check of any model file, without a task or a run config: it builds the model from
-gin, tokenizes real
-English text that every Python install ships (standard library docstrings and reference
-topics) as UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few
+gin, tokenizes real English text that every Python install ships (standard library
+docstrings and reference topics) as UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few
 AdamW steps with the model's loss, and fails unless the loss falls. One objective per
 family: encoder-decoder continues a text window, decoder-only models the window,
 encoder-only fills in masked bytes.
