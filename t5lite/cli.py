@@ -12,8 +12,8 @@ from t5lite import gin_config, smoke
 
 GIN_VERBS = {
     "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
-    "eval": "evaluate a checkpoint on tasks (evaluation: not available yet)",
-    "infer": "decode inputs with a checkpoint (decoding: not available yet)",
+    "eval": "evaluate a checkpoint on tasks or mixtures with their metrics",
+    "infer": "decode text inputs (file or stdin) with a checkpoint, JSONL out",
 }
 PLAIN_VERBS = {
     "export": "export a checkpoint to HF transformers or a serving artifact (not available yet)",
@@ -22,7 +22,7 @@ PLAIN_VERBS = {
 }
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
-    "eval": "evaluation", "infer": "decoding", "export": "export",
+    "export": "export",
     "import": "import", "bench train": "the trainer", "bench decode": "decoding",
     "launch": "multi-host launching",
 }
@@ -144,17 +144,39 @@ def _smoke(args) -> int:
   return 0
 
 
-def _train(args) -> int:
+def _import_task_modules() -> None:
+  """The shipped tasks, and T5X's MIXTURE_OR_TASK_MODULE (a module name or a list)."""
   import importlib
 
-  import gin
-
   import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
-  from t5lite.train import trainer
-  from t5lite.train.checkpoints import CorruptCheckpointError
   module = gin_config.macro("MIXTURE_OR_TASK_MODULE")
   for name in ([module] if isinstance(module, str) else list(module or ())):
     importlib.import_module(name)
+
+
+def _eval(args) -> int:
+  from t5lite.eval import run
+  _import_task_modules()
+  run.evaluate_checkpoint(gin_config.run_config("EVAL_CONFIG", run.EvalConfig,
+                                                "gin/runs/eval.gin"))
+  return 0
+
+
+def _infer(args) -> int:
+  from t5lite.eval import run
+  config = gin_config.run_config("INFER_CONFIG", run.InferConfig, "gin/runs/infer.gin")
+  count = run.infer(config)
+  print(f"t5lite infer: {count} inputs decoded"
+        + ("" if config.output_path == "-" else f" into {config.output_path}"), file=sys.stderr)
+  return 0
+
+
+def _train(args) -> int:
+  import gin
+
+  from t5lite.train import trainer
+  from t5lite.train.checkpoints import CorruptCheckpointError
+  _import_task_modules()
   model_config = gin_config.model_config()
   train_config = gin_config.train_config()
   try:
@@ -181,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
       return _smoke(args)
     if args.verb == "train":
       return _train(args)
+    if args.verb == "eval":
+      return _eval(args)
+    if args.verb == "infer":
+      return _infer(args)
     if args.verb in ("tasks", "cache"):
       return _data_verb(args)
     if args.verb == "plot":

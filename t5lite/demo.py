@@ -6,11 +6,14 @@
    the dataset and its SentencePiece vocabulary are built on first use), stopping halfway;
 2. rerun the same command with the full TRAIN_STEPS: it resumes from the checkpoint;
 3. finetune on the embedded supervised task (docstring body -> first line) from the
-   pretrained checkpoint (gin/runs/demo_finetune.gin), evaluating before and after;
-4. plot both runs' loss curves (PNG).
+   pretrained checkpoint (gin/runs/demo_finetune.gin), with the task's real metric (ROUGE on
+   greedy decodes) before and after;
+4. evaluate the finetuned checkpoint with `t5lite eval` and show a few decoded examples next
+   to their references;
+5. plot both runs' loss curves (PNG).
 
 Each command is printed before it runs, so the demo doubles as a walkthrough. Fails (exit 1)
-unless the pretraining loss falls and the finetuning eval loss improves.
+unless the pretraining loss falls and finetuning lowers the eval loss and raises ROUGE.
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ import time
 from typing import Sequence
 
 from t5lite.train.plot import read_metrics
+
+TASK = "stdlib_docstring_summary"
+LENGTHS = "{'inputs': 256, 'targets': 32}"  # as in gin/runs/demo_finetune.gin
 
 
 def _run(argv: list[str]) -> None:
@@ -42,9 +48,22 @@ def _train_losses(model_dir: str) -> list[float]:
   return [r["loss"] for r in read_metrics(model_dir) if r.get("loss") is not None]
 
 
-def _eval_losses(model_dir: str) -> list[tuple[int, float]]:
+def _eval_series(model_dir: str, suffix: str) -> list[tuple[int, float]]:
+  """(step, value) of every eval/<task><suffix> figure in MODEL_DIR/metrics.jsonl."""
   return [(r["step"], v) for r in read_metrics(model_dir) for k, v in r.items()
-          if k.startswith("eval/") and k.endswith("/loss") and v is not None]
+          if k.startswith("eval/") and k.endswith(suffix) and v is not None]
+
+
+def _show_examples(eval_dir: str, count: int = 3) -> None:
+  path = max((os.path.join(eval_dir, f) for f in os.listdir(eval_dir)
+              if f.startswith(TASK) and f.endswith(".jsonl")), key=os.path.getmtime)
+  with open(path, encoding="utf-8") as f:
+    records = [json.loads(line) for line in f][:count]
+  print(f"\nA few validation examples ({path}):")
+  for record in records:
+    print(f"  input:      {record['inputs'][:110]}...")
+    print(f"  reference:  {record['target']}")
+    print(f"  prediction: {record['prediction']}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,15 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   _run(["train", "--gin_file=gin/runs/demo_finetune.gin", f"--gin.MODEL_DIR={finetune}",
         f"--gin.INITIAL_CHECKPOINT_PATH={pretrain}",
         f"--gin.TRAIN_STEPS={args.steps + args.finetune_steps}"])
+  _run(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.CHECKPOINT_PATH={finetune}",
+        f"--gin.MIXTURE_OR_TASK_NAME={TASK}", f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}"])
+  _show_examples(os.path.join(finetune, "eval"))
   for model_dir in (pretrain, finetune):
     _run(["plot", model_dir])
 
   losses = _train_losses(pretrain)
   k = max(1, min(3, len(losses) // 2))
   first, last = _mean(losses[:k]), _mean(losses[-k:])
-  evals = _eval_losses(finetune)
+  evals = _eval_series(finetune, "/loss")
+  rouge = _eval_series(finetune, "/rougeLsum")
   summary = {"pretrain_loss_first": round(first, 4), "pretrain_loss_last": round(last, 4),
              "finetune_eval_loss": [[s, round(v, 4)] for s, v in evals],
+             "finetune_rougeLsum": [[s, round(v, 2)] for s, v in rouge],
              "seconds": round(time.time() - started, 1)}
   print("\ndemo: " + json.dumps(summary))
   if not last < first:
@@ -82,8 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   if len(evals) < 2 or not evals[-1][1] < evals[0][1]:
     print("demo: FAILED, finetuning did not lower the eval loss", file=sys.stderr)
     return 1
+  if len(rouge) < 2 or not rouge[-1][1] > rouge[0][1]:
+    print("demo: FAILED, finetuning did not raise ROUGE-Lsum", file=sys.stderr)
+    return 1
   print(f"demo: pretraining loss {first:.2f} -> {last:.2f}; finetuning eval loss "
-        f"{evals[0][1]:.2f} -> {evals[-1][1]:.2f}; model dirs {pretrain}, {finetune}")
+        f"{evals[0][1]:.2f} -> {evals[-1][1]:.2f}, ROUGE-Lsum {rouge[0][1]:.1f} -> "
+        f"{rouge[-1][1]:.1f}; model dirs {pretrain}, {finetune}")
   return 0
 
 

@@ -15,6 +15,8 @@ import tokenize
 
 import gin
 
+from t5lite.eval.evaluator import DecodeConfig
+from t5lite.eval.run import EvalConfig, InferConfig
 from t5lite.models.config import ModelConfig
 from t5lite.train.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig
@@ -27,7 +29,7 @@ REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
 # Registered by name (e.g. `ModelConfig`, or `t5lite.ModelConfig`); the classes stay gin-free.
 CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
-                 MeshConfig, CheckpointConfig)
+                 MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig)
 for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 
@@ -142,19 +144,24 @@ def _build(macro: str, cls, hint: str):
     raise GinConfigError(f"{macro} cannot be built: {e}") from e
 
 
-def train_config() -> TrainConfig:
-  """The TrainConfig that the parsed run file (gin/runs/...) built as TRAIN_CONFIG."""
-  config = _build("TRAIN_CONFIG", TrainConfig,
-                  "add a run file, e.g. --gin_file=gin/runs/pretrain.gin")
-  if not isinstance(config, TrainConfig):
-    raise GinConfigError(f"TRAIN_CONFIG must be @TrainConfig(), got {type(config).__name__}")
-  # A macro set to %gin.REQUIRED reaches the dataclass as gin's REQUIRED marker.
+def run_config(macro: str, cls, run_file: str):
+  """The `cls` instance a run file (gin/runs/...) built as %macro, every required macro set."""
+  config = _build(macro, cls, f"add a run file, e.g. --gin_file={run_file}")
+  if not isinstance(config, cls):
+    raise GinConfigError(f"{macro} must be @{cls.__name__}(), got {type(config).__name__}")
+  # A macro set to %gin.REQUIRED reaches the dataclass as gin's REQUIRED marker; the field
+  # names of the required ones are T5X's macro names in lower case.
   missing = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) is gin.REQUIRED]
   if missing:
     flags = " ".join(f"--gin.{name.upper()}=..." for name in missing)
     raise GinConfigError(f"the run file requires {', '.join(n.upper() for n in missing)}: "
                          f"add {flags}")
   return config
+
+
+def train_config() -> TrainConfig:
+  """The TrainConfig that the parsed run file (e.g. gin/runs/pretrain.gin) built."""
+  return run_config("TRAIN_CONFIG", TrainConfig, "gin/runs/pretrain.gin")
 
 
 def macro(name: str, default=None):

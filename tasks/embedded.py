@@ -108,7 +108,8 @@ def docstring_summary(ex):
   return {"inputs": "summarize: " + " ".join(body.split()), "targets": first}
 
 
-def strip(text: str, example=None) -> str:
+def strip(text: str, example=None, is_target: bool = False) -> str:
+  """T5's postprocess_fn signature: the same cleanup for predictions and targets."""
   return text.strip()
 
 

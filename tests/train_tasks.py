@@ -41,3 +41,11 @@ if "train_test_sc" not in TaskRegistry.names():
   add_task("train_test_copy", SOURCES, FEATURES,
            [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, CACHE_POINT,
             pp.append_eos_after_trim])
+
+
+def tiny_decoder_only():
+  """A tiny causal LM over these tasks' byte vocabulary."""
+  from t5lite.models import ModelConfig
+  return ModelConfig(architecture="decoder_only", vocab_size=384, d_model=32, d_ff=64,
+                     num_heads=4, d_kv=8, num_encoder_layers=0, num_decoder_layers=2,
+                     position_encoding="rope", mlp_activation="swiglu")

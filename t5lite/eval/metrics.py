@@ -223,3 +223,10 @@ def deduplicate_metric(metric_fn: MetricFn, group_key: str = "group",
 def multirc_f1_over_all_answers(targets, predictions) -> Metrics:
   """f1_score_with_invalid over the "value" of MultiRC's {group, value} dicts."""
   return f1_score_with_invalid([t["value"] for t in targets], [p["value"] for p in predictions])
+
+
+def mean_log_likelihood(targets, scores) -> Metrics:
+  """Mean over examples of the target's log-likelihood (a score metric: the model scores each
+  target, nothing is decoded). [-1.5, -0.5] -> -1.0."""
+  _check(targets, scores)
+  return {"mean_log_likelihood": float(np.mean(scores))}

@@ -51,12 +51,19 @@ class CheckpointConfig:
   """Write in a background thread while training goes on (the arrays are copied first)."""
   on_corrupt: str = "fallback"
   """A committed checkpoint that cannot be read: 'fallback' to the previous one, or 'stop'."""
+  best_metric: str | None = None
+  """Also keep the checkpoint with the best value of this metric, e.g.
+  'eval/glue_cola_v2/matthews_corrcoef' (saved at every inference eval when set)."""
+  best_mode: str = "max"
+  """'max' or 'min': which value of best_metric is best."""
 
   def __post_init__(self):
     if self.period < 1:
       raise ValueError(f"CheckpointConfig.period must be >= 1, got {self.period}")
     if self.keep is not None and self.keep < 1:
       raise ValueError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
+    if self.best_mode not in ("max", "min"):
+      raise ValueError(f"CheckpointConfig.best_mode must be 'max' or 'min', got {self.best_mode!r}")
     if self.on_corrupt not in ON_CORRUPT:
       raise ValueError(f"CheckpointConfig.on_corrupt={self.on_corrupt!r} is not one of "
                        f"{ON_CORRUPT}")
@@ -74,6 +81,11 @@ def _preservation(config: CheckpointConfig):
   policies = [pp_lib.LatestN(n=config.keep)]
   if config.keep_period:
     policies.append(pp_lib.EveryNSteps(interval_steps=config.keep_period))
+  if config.best_metric:
+    # Keeps the highest value after sorting: descending order (reverse) makes it the lowest.
+    policies.append(pp_lib.BestN(get_metric_fn=lambda m: m[config.best_metric], n=1,
+                                 reverse=config.best_mode == "min",
+                                 keep_checkpoints_without_metrics=False))
   return pp_lib.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0]
 
 
@@ -103,14 +115,20 @@ class Checkpointer:
     steps = self.all_steps()
     return steps[-1] if steps else None
 
-  def save(self, step: int, state: Tree, data_state: dict | None) -> None:
+  def save(self, step: int, state: Tree, data_state: dict | None,
+           metrics: dict[str, float] | None = None) -> None:
     """Starts saving `state` and `data_state` as checkpoint `step` (async unless configured
-    otherwise). Waits first for a previous save still in flight."""
+    otherwise). Waits first for a previous save still in flight. `metrics` (holding
+    best_metric, when one is configured) rank the checkpoint for keeping the best."""
     if step in self._manager.all_steps():
       return  # already saved (e.g. the last periodic save was the final step)
+    best = self.config.best_metric
+    if metrics is not None and (best is None or best not in metrics):
+      metrics = None  # orbax ranks every checkpoint that has metrics: only complete ones
     self._manager.save(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state if data_state is not None else {})), force=True)
+        data=ocp.args.JsonSave(data_state if data_state is not None else {})),
+        metrics=metrics, force=True)
 
   def restore(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
     """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of

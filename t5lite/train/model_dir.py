@@ -12,6 +12,7 @@ Export, import, eval and infer need nothing else: no gin files, no task registry
 """
 from __future__ import annotations
 
+import json
 import os
 
 from t5lite.data.vocabularies import Vocabulary
@@ -29,6 +30,38 @@ def load_model_config(model_dir: str | os.PathLike) -> ModelConfig:
     raise FileNotFoundError(f"{path} not found: {model_dir} is not a t5lite MODEL_DIR")
   with open(path, encoding="utf-8") as f:
     return ModelConfig.from_json(f.read())
+
+
+def model_dir_of(checkpoint_path: str | os.PathLike) -> str:
+  """The MODEL_DIR a checkpoint path belongs to: the path itself, or the folder above its
+  checkpoints/ folder (for MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step>)."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(checkpoint_path)))
+  for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+    if os.path.isfile(os.path.join(candidate, MODEL_CONFIG_FILE)):
+      return candidate
+  raise FileNotFoundError(f"{checkpoint_path} is not in a t5lite MODEL_DIR (no "
+                          f"{MODEL_CONFIG_FILE} there or two folders up)")
+
+
+def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
+  """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
+  folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel)."""
+  import jax
+
+  from t5lite.models.params import abstract_params
+  from t5lite.train import checkpoints, partitioning
+  model_config = load_model_config(model_dir_of(checkpoint_path))
+  mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
+  rules = rules if rules is not None else partitioning.logical_axis_rules()
+  shardings = partitioning.param_shardings(model_config, mesh, rules)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract_params(model_config), shardings)
+  params, step = checkpoints.restore_params(checkpoint_path, abstract)
+  return model_config, params, step
+
+
+def write_json(path: str, value) -> None:
+  _write_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
 def _write_atomic(path: str, text: str) -> None:

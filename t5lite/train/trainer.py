@@ -37,10 +37,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from t5lite.data.describe import converter_for
 from t5lite.data.pipeline import PipelineConfig, get_dataset
 from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import abstract_params, init_params, param_logical_axes
 from t5lite.train import checkpoints as ckpt_lib
-from t5lite.train import cost_model, data_state, model_dir as model_dir_lib
+from t5lite.train import cost_model, data_state, evaluation, model_dir as model_dir_lib
 from t5lite.train import partitioning as part
 from t5lite.train.metrics_writer import MetricsWriter, ProgressLine
 from t5lite.train.optimizers import OptimizerConfig, learning_rate_at, make_optimizer
@@ -87,6 +88,13 @@ class TrainConfig:
   improves."""
   eval_steps: int = 20
   """Batches per evaluation (fewer when the split ends first)."""
+  infer_eval_period: int = 0
+  """Decode eval_split and compute each task's metrics (ROUGE, accuracy, ...) every this many
+  steps (and at the end); 0 = never. Unpacked, in order, the same examples every time."""
+  infer_eval_examples: int | None = 128
+  """Examples per task for the inference eval (None: the whole split)."""
+  decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+  """Decoding settings of the inference eval."""
   eval_split: str = "validation"
   """The split evaluated; tasks without it are skipped."""
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
@@ -115,6 +123,8 @@ class TrainResult:
   preempted: bool = False
   eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   """The last evaluation's figures, keyed like metrics.jsonl (eval/<task>/<metric>)."""
+  eval_step: int | None = None
+  """The step of eval_metrics."""
 
 
 class _Preemption:
@@ -143,12 +153,6 @@ def task_vocabulary(name: str):
   task = item.task_rates()[0][0] if isinstance(item, Mixture) else item
   feature = task.output_features.get("targets") or next(iter(task.output_features.values()))
   return feature.vocabulary
-
-
-def _eval_tasks(name: str, split: str) -> list:
-  item = get_mixture_or_task(name)
-  tasks = [t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]
-  return [t for t in tasks if not t.splits or split in t.splits]
 
 
 def _abstract(tree: Tree, shardings: Tree) -> Tree:
@@ -242,10 +246,6 @@ class Trainer:
                         self.param_shardings)
 
 
-def _host_scalars(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
-  return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
-
-
 def _tokens_per_step(batch: Mapping[str, np.ndarray], global_rows: int) -> tuple[int, int, int]:
   """(tokens per step, inputs length, targets length) from a host batch's shapes."""
   inputs = batch["encoder_input_tokens"].shape[1] if "encoder_input_tokens" in batch else 0
@@ -253,30 +253,15 @@ def _tokens_per_step(batch: Mapping[str, np.ndarray], global_rows: int) -> tuple
   return global_rows * (inputs + targets), inputs, targets
 
 
-def evaluate(trainer: Trainer, params: Tree) -> dict[str, float]:
-  """Mean token loss and accuracy on each task's eval split: eval/<task>/{loss,accuracy}."""
-  config = trainer.config
-  out = {}
-  for task in _eval_tasks(config.mixture_or_task_name, config.eval_split):
-    try:
-      batches = trainer.dataset(task.name, trainer.pipeline_config(
-          config.eval_split, shuffle=False, num_epochs=1))
-    except ValueError as e:  # e.g. a split smaller than the batch
-      print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
-      continue
-    totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
-    for _, host_batch in zip(range(config.eval_steps), batches):
-      sums = _host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
-      totals = {k: totals[k] + sums[k] for k in totals}
-    weight = max(totals["weight_sum"], 1e-8)
-    out[f"eval/{task.name}/loss"] = totals["loss"] / weight
-    out[f"eval/{task.name}/accuracy"] = totals["correct"] / weight
-  return out
-
-
 def _log_eval(trainer: Trainer, state: TrainState, step: int, writer: MetricsWriter,
-              result: TrainResult, log: Callable[[str], None]) -> None:
-  result.eval_metrics = evaluate(trainer, state.params)
+              result: TrainResult, log: Callable[[str], None], *, loss: bool = True,
+              infer: bool = False, evaluators: dict | None = None) -> None:
+  """Runs the due evaluations at `step` and records them (metrics.jsonl, TB, result)."""
+  metrics = evaluation.evaluate(trainer, state.params) if loss else {}
+  if infer:
+    metrics.update(evaluation.infer_evaluate(trainer, state.params, step, evaluators))
+  result.eval_metrics = metrics
+  result.eval_step = step
   writer.write(step, result.eval_metrics)
   if trainer.is_primary and result.eval_metrics:
     log(f"step {step} eval: " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
@@ -332,8 +317,11 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
     return result
 
   writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
-  if config.eval_period and config.run_eval_before_training:
-    _log_eval(trainer, state, step, writer, result, log)
+  evaluators: dict[str, TaskEvaluator | None] = {}
+  best = evaluation.BestCheckpoint(config, trainer.is_primary)
+  if config.run_eval_before_training and (config.eval_period or config.infer_eval_period):
+    _log_eval(trainer, state, step, writer, result, log, loss=bool(config.eval_period),
+              infer=bool(config.infer_eval_period), evaluators=evaluators)
   progress = ProgressLine(config.train_steps, start_step=step)
   peak = cost_model.peak_flops(jax.devices()[0].device_kind)
   interval_start, interval_steps = time.perf_counter(), 0
@@ -343,7 +331,7 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
       state, metrics = trainer.step_fn(state, part.global_batch(host_batch, trainer.mesh))
       if config.step.nonfinite == "stop" or step + 1 == config.train_steps or (
           (step + 1) % config.log_period == 0):
-        scalars = _host_scalars(metrics)  # waits for the step
+        scalars = evaluation.host_scalars(metrics)  # waits for the step
         if scalars.pop("nonfinite"):
           if config.step.nonfinite == "stop":
             last = checkpointer.latest_step()
@@ -372,12 +360,19 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
         if trainer.is_primary:
           log(progress.update(step, scalars["loss"], lr, tokens * interval_steps, seconds, mfu))
         interval_start, interval_steps = time.perf_counter(), 0
-      if config.eval_period and (step % config.eval_period == 0 or step == config.train_steps):
-        _log_eval(trainer, state, step, writer, result, log)
+      last = step == config.train_steps
+      loss_eval = bool(config.eval_period) and (step % config.eval_period == 0 or last)
+      infer_eval = bool(config.infer_eval_period) and (
+          step % config.infer_eval_period == 0 or last)
+      if loss_eval or infer_eval:
+        _log_eval(trainer, state, step, writer, result, log, loss=loss_eval, infer=infer_eval,
+                  evaluators=evaluators)
         interval_start = time.perf_counter()  # eval time is not training throughput
       stop = preemption.requested
-      if stop or step % config.checkpoint.period == 0 or step == config.train_steps:
-        checkpointer.save(step, state, data_state.global_state(batches))
+      ranked = best.update(step, result) if infer_eval else False
+      if stop or ranked or step % config.checkpoint.period == 0 or last:
+        checkpointer.save(step, state, data_state.global_state(batches),
+                          metrics=result.eval_metrics if result.eval_step == step else None)
       if stop:
         log(f"t5lite: preempted (SIGTERM): saved checkpoint {step}; rerun the same command to "
             "resume")

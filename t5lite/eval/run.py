@@ -1,0 +1,173 @@
+"""`t5lite eval` and `t5lite infer`: a checkpoint on tasks, or on raw text.
+
+    t5lite eval --gin_file=gin/runs/eval.gin --gin.CHECKPOINT_PATH=/tmp/run \\
+      --gin.MIXTURE_OR_TASK_NAME=stdlib_docstring_summary
+    t5lite infer --gin_file=gin/runs/infer.gin --gin.CHECKPOINT_PATH=/tmp/run \\
+      --gin.INFER_INPUT=inputs.txt --gin.INFER_OUTPUT=outputs.jsonl
+
+Both read the model config and vocabulary from the checkpoint's MODEL_DIR, so no model gin
+file is needed. eval writes, under EVAL_OUTPUT_DIR (default MODEL_DIR/eval):
+  metrics-<step>.json          every task's metrics, keyed eval/<task>/<metric>
+  <task>-<step>.jsonl          per example: inputs, target, prediction (and score)
+  metrics.jsonl, tensorboard/  the same metrics as a series over checkpoint steps
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
+from t5lite.train.metrics_writer import MetricsWriter
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """`t5lite eval`: one checkpoint on one or more tasks or mixtures."""
+
+  checkpoint_path: str
+  """A MODEL_DIR (its newest checkpoint) or one step folder (CHECKPOINT_PATH)."""
+  mixture_or_task_name: str | Sequence[str]
+  """A task or mixture name, or several (mixtures are evaluated task by task)."""
+  task_feature_lengths: Mapping[str, int]
+  """Inputs are cut to inputs' length; targets' length bounds decoding."""
+  output_dir: str | None = None
+  """Where results go (EVAL_OUTPUT_DIR); None: MODEL_DIR/eval."""
+  split: str = "validation"
+  max_examples: int | None = None
+  """Evaluate on the first this many examples of each task (None: all)."""
+  decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferConfig:
+  """`t5lite infer`: decode raw inputs with a checkpoint."""
+
+  checkpoint_path: str
+  """A MODEL_DIR (its newest checkpoint) or one step folder (CHECKPOINT_PATH)."""
+  input_path: str = "-"
+  """One input per line, or JSONL objects with an 'inputs' field; '-' reads stdin."""
+  output_path: str = "-"
+  """JSONL, one {"inputs", "prediction"} object per input; '-' writes stdout."""
+  inputs_length: int = 512
+  """Inputs are tokenized, cut to this length less one, and given an EOS (as T5 tasks do)."""
+  decode: DecodeConfig = dataclasses.field(
+      default_factory=lambda: DecodeConfig(max_decode_length=128))
+
+
+def expand_tasks(names: str | Sequence[str]) -> list:
+  """Tasks of the given task and mixture names, in order, each once."""
+  names = [names] if isinstance(names, str) else list(names)
+  tasks = []
+  for name in names:
+    item = get_mixture_or_task(name)
+    for task in ([t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]):
+      if task not in tasks:
+        tasks.append(task)
+  return tasks
+
+
+def _write_jsonl(path: str, records) -> None:
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record, ensure_ascii=False) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
+  """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
+  from t5lite.train import partitioning as part
+  from t5lite.train.model_dir import load_params, model_dir_of
+  tasks = expand_tasks(config.mixture_or_task_name)
+  no_metrics = [t.name for t in tasks if not t.metric_fns]
+  if no_metrics:
+    raise ValueError(f"tasks {no_metrics} have no metric_fns to evaluate")
+  output_dir = config.output_dir or os.path.join(model_dir_of(config.checkpoint_path), "eval")
+  os.makedirs(output_dir, exist_ok=True)
+  mesh = part.make_mesh(part.MeshConfig())
+  rules = part.logical_axis_rules()
+  model_config, params, step = load_params(config.checkpoint_path, mesh, rules)
+  log(f"t5lite eval: checkpoint step {step} of {model_dir_of(config.checkpoint_path)}")
+  metrics: dict[str, float] = {}
+  with part.activate(mesh, rules):
+    for task in tasks:
+      evaluator = TaskEvaluator(task, split=config.split,
+                                feature_lengths=config.task_feature_lengths,
+                                max_examples=config.max_examples)
+      result = evaluator.evaluate(model_config, params, config.decode)
+      _write_jsonl(os.path.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
+      task_metrics = {f"eval/{task.name}/{k}": v for k, v in result.metrics.items()}
+      log(f"  {task.name} ({len(evaluator.examples)} examples): "
+          + "  ".join(f"{k} {v:.3f}" for k, v in result.metrics.items()))
+      metrics.update(task_metrics)
+  with open(os.path.join(output_dir, f"metrics-{step}.json"), "w", encoding="utf-8") as f:
+    json.dump({"step": step, **metrics}, f, indent=2)
+  with MetricsWriter(output_dir) as writer:
+    writer.write(step, metrics)
+  log(f"t5lite eval: wrote {output_dir}")
+  return metrics
+
+
+def _read_inputs(path: str) -> Iterator[str]:
+  stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+  try:
+    for number, line in enumerate(stream, 1):
+      line = line.rstrip("\n")
+      if not line.strip():
+        continue
+      if line.lstrip().startswith("{"):
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path} line {number}: not valid JSON ({e})") from e
+        if "inputs" not in record:
+          raise ValueError(f"{path} line {number}: a JSON object needs an 'inputs' field")
+        yield str(record["inputs"])
+      else:
+        yield line
+  finally:
+    if stream is not sys.stdin:
+      stream.close()
+
+
+def infer(config: InferConfig) -> int:
+  """Decodes every input; returns how many. Progress goes to stderr."""
+  import tqdm
+
+  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.models.decoding import generate
+  from t5lite.train import partitioning as part
+  from t5lite.train.model_dir import load_params, model_dir_of
+  vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
+  texts = list(_read_inputs(config.input_path))
+  mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
+  model_config, params, _ = load_params(config.checkpoint_path, mesh, rules)
+  decode = config.decode
+  out = sys.stdout if config.output_path == "-" else open(config.output_path + ".tmp", "w",
+                                                          encoding="utf-8")
+  try:
+    with part.activate(mesh, rules), tqdm.tqdm(total=len(texts), unit="input",
+                                               file=sys.stderr) as bar:
+      for start in range(0, len(texts), decode.batch_size):
+        chunk = texts[start:start + decode.batch_size]
+        rows = [np.append(vocab.encode(t)[:config.inputs_length - 1], 1) for t in chunk]
+        inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
+        tokens = np.asarray(generate(model_config, params, inputs,
+                                     max_decode_length=decode.max_decode_length or 128,
+                                     **decode.generate_kwargs()))
+        for text, row in zip(chunk, tokens):
+          out.write(json.dumps({"inputs": text, "prediction": vocab.decode(row.tolist())},
+                               ensure_ascii=False) + "\n")
+        out.flush()
+        bar.update(len(chunk))
+  finally:
+    if out is not sys.stdout:
+      out.close()
+  if out is not sys.stdout:
+    os.replace(config.output_path + ".tmp", config.output_path)
+  return len(texts)

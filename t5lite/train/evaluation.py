@@ -1,0 +1,122 @@
+"""Evaluation inside a training run: eval loss and token accuracy on each task's eval split,
+inference evals with the tasks' own metrics, and the best checkpoint by one of them.
+
+All of it reads `trainer` (t5lite.train.trainer.Trainer) for the model, mesh and run config.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+
+from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.eval.evaluator import TaskEvaluator
+from t5lite.train import model_dir as model_dir_lib
+from t5lite.train import partitioning as part
+
+Tree = Any
+
+
+def eval_tasks(name: str, split: str) -> list:
+  item = get_mixture_or_task(name)
+  tasks = [t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]
+  return [t for t in tasks if not t.splits or split in t.splits]
+
+
+def host_scalars(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
+
+
+def evaluate(trainer, params: Tree) -> dict[str, float]:
+  """Mean token loss and accuracy on each task's eval split: eval/<task>/{loss,accuracy}."""
+  config = trainer.config
+  out = {}
+  for task in eval_tasks(config.mixture_or_task_name, config.eval_split):
+    try:
+      batches = trainer.dataset(task.name, trainer.pipeline_config(
+          config.eval_split, shuffle=False, num_epochs=1))
+    except ValueError as e:  # e.g. a split smaller than the batch
+      print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
+      continue
+    totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
+    for _, host_batch in zip(range(config.eval_steps), batches):
+      sums = host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
+      totals = {k: totals[k] + sums[k] for k in totals}
+    weight = max(totals["weight_sum"], 1e-8)
+    out[f"eval/{task.name}/loss"] = totals["loss"] / weight
+    out[f"eval/{task.name}/token_accuracy"] = totals["correct"] / weight
+  return out
+
+
+INFER_EVAL_DIR = "inference_eval"
+
+
+def infer_evaluate(trainer, params: Tree, step: int,
+                   evaluators: dict[str, TaskEvaluator | None]) -> dict[str, float]:
+  """Each eval task's own metrics on decoded predictions: eval/<task>/<metric>. Predictions
+  go to MODEL_DIR/inference_eval/<task>-<step>.jsonl. `evaluators` caches the examples."""
+  config = trainer.config
+  out = {}
+  for task in eval_tasks(config.mixture_or_task_name, config.eval_split):
+    if not task.metric_fns:
+      continue
+    if task.name not in evaluators:
+      try:
+        evaluators[task.name] = TaskEvaluator(
+            task, split=config.eval_split, feature_lengths=config.task_feature_lengths,
+            max_examples=config.infer_eval_examples, seed=config.seed,
+            use_cached=config.use_cached_tasks, cache_dir=config.cache_dir)
+      except ValueError as e:
+        print(f"t5lite: inference eval of {task.name!r} skipped: {e}", flush=True)
+        evaluators[task.name] = None
+    evaluator = evaluators[task.name]
+    if evaluator is None:
+      continue
+    result = evaluator.evaluate(trainer.model_config, params, config.decode)
+    out.update({f"eval/{task.name}/{k}": v for k, v in result.metrics.items()})
+    if trainer.is_primary:
+      directory = os.path.join(config.model_dir, INFER_EVAL_DIR)
+      os.makedirs(directory, exist_ok=True)
+      with open(os.path.join(directory, f"{task.name}-{step}.jsonl"), "w",
+                encoding="utf-8") as f:
+        for record in result.predictions:
+          f.write(json.dumps(record, ensure_ascii=False) + "\n")
+  return out
+
+
+class BestCheckpoint:
+  """Tracks CheckpointConfig.best_metric over inference evals; MODEL_DIR/best_checkpoint.json
+  names the best step so far (orbax keeps that checkpoint)."""
+
+  FILE = "best_checkpoint.json"
+
+  def __init__(self, config, is_primary: bool):
+    self.metric, self.mode = config.checkpoint.best_metric, config.checkpoint.best_mode
+    self.path = os.path.join(config.model_dir, self.FILE)
+    self.is_primary = is_primary
+    self.value = None
+    if self.metric and os.path.isfile(self.path):  # a resumed run keeps its best so far
+      with open(self.path, encoding="utf-8") as f:
+        saved = json.load(f)
+      if saved.get("metric") == self.metric:
+        self.value = saved["value"]
+
+  def update(self, step: int, result: Any) -> bool:
+    """True when this step's eval has the metric (so the checkpoint is ranked and saved)."""
+    if not self.metric:
+      return False
+    value = result.eval_metrics.get(self.metric)
+    if value is None:
+      known = sorted(result.eval_metrics)
+      raise ValueError(f"CheckpointConfig.best_metric={self.metric!r} is not among the eval "
+                       f"metrics {known}")
+    better = self.value is None or (value > self.value if self.mode == "max"
+                                    else value < self.value)
+    if better:
+      self.value = value
+      if self.is_primary:
+        model_dir_lib.write_json(self.path, {"step": step, "metric": self.metric,
+                                             "value": value})
+    return True
