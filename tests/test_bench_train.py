@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from t5lite.bench import hf_t5_train, train as bench
+from t5lite.bench import hf_t5_train, train as bench, train_batches
 
 KEYS = ("bench", "mode", "ratio_vs_hf", "t5lite_tokens_per_s", "hf_tokens_per_s", "t5lite_step_s",
         "hf_step_s", "t5lite_compile_s", "step_peak_rss_mb", "process_max_rss_mb", "step0_loss",
@@ -48,10 +48,10 @@ def test_unpack_and_pad_examples():
             "encoder_segment_ids": np.array([[1, 1, 1, 2, 2, 0]]),
             "decoder_target_tokens": np.array([[3, 1, 4, 5, 1]]),
             "decoder_segment_ids": np.array([[1, 1, 2, 2, 2]])}
-  examples = bench.unpack(packed)
+  examples = train_batches.unpack(packed)
   assert [(list(i), list(t)) for i, t in examples] == [([7, 8, 1], [3, 1]), ([9, 1], [4, 5, 1])]
   batch = hf_t5_train.pad_examples(examples)
   np.testing.assert_array_equal(batch["input_ids"], [[7, 8, 1], [9, 1, 0]])
   np.testing.assert_array_equal(batch["attention_mask"], [[1, 1, 1], [1, 1, 0]])
   np.testing.assert_array_equal(batch["labels"], [[3, 1, -100], [4, 5, 1]])
-  assert hf_t5_train.useful_tokens(batch) == bench.t5lite_useful_tokens(packed) == 10
+  assert hf_t5_train.useful_tokens(batch) == train_batches.t5lite_useful_tokens(packed) == 10

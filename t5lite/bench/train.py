@@ -37,11 +37,14 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from t5lite.bench import machine
+from t5lite.bench.train_batches import (finetune_batches, pretrain_batches,
+                                        t5lite_useful_tokens)
 
 MODELS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=128, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_encoder_layers=1,
@@ -55,7 +58,6 @@ MODELS: dict[str, dict[str, Any]] = {
     "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, d_kv=64, num_encoder_layers=24,
                          num_decoder_layers=24),
 }
-FINETUNE_TASK = "stdlib_docstring_summary"
 GOALS = {"pretrain": 1.2, "finetune": 2.0}
 
 
@@ -67,96 +69,6 @@ def model_config(name: str, dtype: str = "float32", vocab_size: int | None = Non
   if vocab_size:
     values["vocab_size"] = vocab_size
   return ModelConfig(**values)
-
-
-def shift_right(targets: np.ndarray) -> np.ndarray:
-  """Decoder inputs of unpacked targets: [[5 6 1]] -> [[0 5 6]]."""
-  return np.pad(targets[:, :-1], ((0, 0), (1, 0)))
-
-
-def pretrain_batches(vocab_size: int, batch_size: int, lengths: tuple[int, int], seed: int):
-  """([t5lite batch], [HF batch]): one random batch of ids in [2, vocab), no padding."""
-  from t5lite.bench.hf_t5_train import pad_examples
-  rng = np.random.default_rng(seed)
-  inputs = rng.integers(2, vocab_size, (batch_size, lengths[0]), dtype=np.int32)
-  targets = rng.integers(2, vocab_size, (batch_size, lengths[1]), dtype=np.int32)
-  t5lite = {"encoder_input_tokens": inputs, "decoder_input_tokens": shift_right(targets),
-            "decoder_target_tokens": targets,
-            "decoder_loss_weights": np.ones_like(targets)}
-  return [t5lite], [pad_examples(list(zip(inputs, targets)))]
-
-
-def unpack(batch: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-  """The (inputs, targets) examples a packed EncDec batch holds, row by row."""
-  examples = []
-  for row in range(batch["encoder_input_tokens"].shape[0]):
-    enc, dec = batch["encoder_segment_ids"][row], batch["decoder_segment_ids"][row]
-    for segment in np.unique(np.concatenate([enc, dec])):
-      if segment > 0:
-        examples.append((batch["encoder_input_tokens"][row][enc == segment],
-                         batch["decoder_target_tokens"][row][dec == segment]))
-  return examples
-
-
-def finetune_batches(batch_size: int, lengths: tuple[int, int], steps: int, seed: int):
-  """(t5lite packed batches, HF padded batches of the same examples, parity batch, vocab size).
-
-  The parity batch is every example of t5lite's first batch, padded as one HF batch: its HF
-  loss equals t5lite's first loss when both models are the same.
-  """
-  import t5lite_tasks  # noqa: F401 (registers the embedded tasks; builds the vocab once)
-  from t5lite.bench.hf_t5_train import pad_examples
-  from t5lite.data.describe import converter_for
-  from t5lite.data.pipeline import PipelineConfig, get_dataset
-  from t5lite.data.registry import TaskRegistry
-  task = TaskRegistry.get(FINETUNE_TASK)
-  config = PipelineConfig(global_batch_size=batch_size, seed=seed,
-                          task_feature_lengths={"inputs": lengths[0], "targets": lengths[1]})
-  iterator = get_dataset(FINETUNE_TASK, config, converter_for("encoder_decoder"))
-  packed = [next(iterator) for _ in range(steps)]
-  examples = [ex for batch in packed for ex in unpack(batch)]
-  order = np.random.default_rng(seed).permutation(len(examples))  # HF's DataLoader shuffles
-  examples = [examples[i] for i in order]
-  hf = [pad_examples(examples[i:i + batch_size]) for i in range(0, len(examples), batch_size)]
-  vocab_size = task.output_features["targets"].vocabulary.vocab_size
-  return packed, hf, pad_examples(unpack(packed[0])), vocab_size
-
-
-def t5lite_useful_tokens(batch: dict[str, np.ndarray]) -> int:
-  if "encoder_segment_ids" not in batch:  # pretrain: no padding
-    return int(batch["encoder_input_tokens"].size + batch["decoder_target_tokens"].size)
-  return int(np.sum(batch["encoder_segment_ids"] > 0) + np.sum(batch["decoder_segment_ids"] > 0))
-
-
-def rss_bytes() -> int:
-  """Resident set size of this process now."""
-  try:
-    with open("/proc/self/statm") as f:
-      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  except OSError:
-    import resource  # no /proc: the high-water mark is the best available
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def peak_rss_above(fn: Callable[[], Any], interval: float = 0.002) -> int:
-  """Peak RSS while fn() runs, above the RSS before it (sampled by a thread)."""
-  gc.collect()
-  before = peak = rss_bytes()
-  done = threading.Event()
-
-  def sample():
-    nonlocal peak
-    while not done.is_set():
-      peak = max(peak, rss_bytes())
-      done.wait(interval)
-  thread = threading.Thread(target=sample, daemon=True)
-  thread.start()
-  try:
-    fn()
-  finally:
-    done.set()
-    thread.join()
-  return max(peak, rss_bytes()) - before
 
 
 class T5liteSide:
@@ -217,11 +129,13 @@ def _median(values: Sequence[float]) -> float:
 def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size: int = 8,
         inputs_length: int = 512, targets_length: int = 114, steps: int = 3, repeats: int = 5,
         dtype: str = "float32", learning_rate: float = 1e-3, threads: int = 2,
-        hf: bool = True, seed: int = 0, log: Callable[[str], Any] | None = print) -> dict:
+        hf: bool = True, seed: int = 0, quiet_wait_s: float = 0.0,
+        log: Callable[[str], Any] | None = print) -> dict:
   """Runs the benchmark; returns the figures of the final JSON line.
 
   config: a ModelConfig to use instead of the `model` preset (its vocab_size is replaced by
-  the task's, rounded up to a multiple of 128, in finetune mode).
+  the task's, rounded up to a multiple of 128, in finetune mode). quiet_wait_s: wait up to
+  this long, before the timed runs, for other processes to leave the CPUs (0: don't wait).
   """
   import jax
   from t5lite.models import count_params, init_params
@@ -278,6 +192,9 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
 
   wall: dict[str, list[float]] = {name: [] for name in sides}
   cpu: dict[str, list[float]] = {name: [] for name in sides}
+  if quiet_wait_s > 0:
+    machine.wait_for_quiet(quiet_wait_s, log=log)
+  others = machine.OthersCpu().start()
   for _ in range(repeats):
     for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
       gc.collect()  # neither side pays for the other's garbage
@@ -285,8 +202,9 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
       side.run()
       wall[name].append(time.perf_counter() - w)
       cpu[name].append(time.process_time() - c)
+  others_cpu = others.stop()
   load_after = os.getloadavg()
-  step_memory = {name: peak_rss_above(functools.partial(side.run, side.batches[:1]))
+  step_memory = {name: machine.peak_rss_above(functools.partial(side.run, side.batches[:1]))
                  for name, side in sides.items()}
 
   rate = {name: tokens_per_run / _median(wall[name]) for name in sides}
@@ -310,7 +228,7 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
       "t5lite_compiled_temp_mb": mb(t5lite.compiled_temp_bytes()),
       "device_peak_mb": {"t5lite": mb(t5lite.peak_device_bytes()),
                          "hf": mb(sides["hf"].trainer.peak_device_bytes()) if hf else None},
-      "process_max_rss_mb": mb(_max_rss()),
+      "process_max_rss_mb": mb(machine.max_rss_bytes()),
       "step0_loss": {k: round(v, 6) for k, v in step0_loss.items()},
       "step0_loss_rel_diff": (abs(step0_loss["t5lite"] - step0_loss["hf"]) /
                               abs(step0_loss["hf"]) if hf else None),
@@ -329,15 +247,11 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
       "torch_threads": threads if hf else None, "cpu_count": os.cpu_count(),
       "hf_attention": sides["hf"].trainer.attention_implementation if hf else None,
       "load_avg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
+      "others_cpu_fraction": None if others_cpu is None else round(others_cpu, 3),
       "wall_s_per_run": {k: [round(x, 3) for x in v] for k, v in wall.items()},
   }
   log(_table(report, wall, tokens_per_run))
   return report
-
-
-def _max_rss() -> int:
-  import resource
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _padding_efficiency(t5lite_batches, hf_batches) -> dict:
@@ -370,8 +284,9 @@ def _table(report: dict, wall: dict, tokens: int) -> str:
                  f"{'met' if ratio >= goal else 'NOT met'}); step-0 loss t5lite "
                  f"{report['step0_loss']['t5lite']:.5f} vs HF {report['step0_loss']['hf']:.5f}")
   lines.append(f"{report['repeats']} interleaved runs of {tokens} {report['tokens_counted']} "
-               f"tokens; padding efficiency {report['padding_efficiency']}; load "
-               f"{report['load_avg_1m']}; cpu/wall {report['cpu_per_wall']}")
+               f"tokens; padding efficiency {report['padding_efficiency']}; cpu/wall "
+               f"{report['cpu_per_wall']}; load {report['load_avg_1m']}, other processes used "
+               f"{report['others_cpu_fraction']} of the CPUs while timing")
   if report["mfu_t5lite"] is not None:
     lines.append(f"t5lite MFU {100 * report['mfu_t5lite']:.1f}% on {report['device_kind']}")
   return "\n".join(lines)
@@ -395,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
   parser.add_argument("--no_hf", action="store_true", help="t5lite only (ratio_vs_hf null)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--quiet_wait_s", type=float, default=0.0,
+                      help="wait up to this long for other processes to leave the CPUs")
   args = parser.parse_args(argv)
   if min(args.batch_size, args.inputs_length, args.targets_length, args.steps, args.repeats,
          args.threads) < 1:
@@ -403,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                inputs_length=args.inputs_length, targets_length=args.targets_length,
                steps=args.steps, repeats=args.repeats, dtype=args.dtype,
                learning_rate=args.learning_rate, threads=args.threads, hf=not args.no_hf,
-               seed=args.seed)
+               seed=args.seed, quiet_wait_s=args.quiet_wait_s)
   print(json.dumps(report), flush=True)
   return 0
 

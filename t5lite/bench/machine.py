@@ -1,0 +1,101 @@
+"""What the machine is doing around a benchmark: memory of this process, CPU use of others.
+
+Timings on a shared machine are only as good as its quietness, so `bench train` waits for a
+quiet machine (optionally) and reports how much CPU other processes took while it timed.
+Linux /proc is read where present; elsewhere the figures are None (or the RSS high-water mark).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import threading
+import time
+from typing import Any, Callable
+
+
+def rss_bytes() -> int:
+  """Resident set size of this process now (the high-water mark where /proc is absent)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    return max_rss_bytes()
+
+
+def max_rss_bytes() -> int:
+  """This process's RSS high-water mark (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_rss_above(fn: Callable[[], Any], interval: float = 0.002) -> int:
+  """Peak RSS while fn() runs, above the RSS just before it (a sampling thread).
+
+  Freed heap is first handed back to the OS (glibc malloc_trim) where possible, so memory the
+  other side freed earlier is not reused unseen and the figure is this call's own transient.
+  """
+  gc.collect()
+  try:
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+  before = peak = rss_bytes()
+  done = threading.Event()
+
+  def sample():
+    nonlocal peak
+    while not done.is_set():
+      peak = max(peak, rss_bytes())
+      done.wait(interval)
+  thread = threading.Thread(target=sample, daemon=True)
+  thread.start()
+  try:
+    fn()
+  finally:
+    done.set()
+    thread.join()
+  return max(peak, rss_bytes()) - before
+
+
+def cpu_busy_seconds() -> float | None:
+  """CPU seconds all processes have used since boot, summed over cores (None without /proc)."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(x) for x in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return None
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user .. steal
+
+
+class OthersCpu:
+  """CPU used by other processes between start() and stop(), as a fraction of all cores.
+
+  0.0 = the machine was ours; 0.5 on 2 cores = another process held one core throughout.
+  """
+
+  def start(self) -> "OthersCpu":
+    self.busy, self.ours, self.wall = cpu_busy_seconds(), time.process_time(), time.perf_counter()
+    return self
+
+  def stop(self) -> float | None:
+    busy = cpu_busy_seconds()
+    if busy is None or self.busy is None:
+      return None
+    others = (busy - self.busy) - (time.process_time() - self.ours)
+    return max(0.0, others) / ((time.perf_counter() - self.wall) * (os.cpu_count() or 1))
+
+
+def wait_for_quiet(max_seconds: float, threshold: float = 0.1, window: float = 2.0,
+                   log: Callable[[str], Any] = print) -> float | None:
+  """Waits (up to max_seconds) until other processes use < threshold of the CPUs over a
+  `window`; returns the last fraction seen (None without /proc)."""
+  deadline = time.monotonic() + max_seconds
+  while True:
+    probe = OthersCpu().start()
+    time.sleep(window)
+    fraction = probe.stop()
+    if fraction is None or fraction < threshold or time.monotonic() >= deadline:
+      return fraction
+    log(f"bench: other processes use {100 * fraction:.0f}% of the CPUs; waiting for quiet")

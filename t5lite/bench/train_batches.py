@@ -1,0 +1,71 @@
+"""The batches of `t5lite bench train`: both sides' views of the same examples.
+
+  pretrain   one random batch of ids in [2, vocab): t5lite's feature dict and HF's padded
+             dict (no padding at these fixed lengths).
+  finetune   t5lite: packed batches of the embedded task from the real pipeline; HF: the very
+             examples those rows hold (`unpack`), shuffled and padded B at a time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from t5lite.bench.hf_t5_train import pad_examples
+
+FINETUNE_TASK = "stdlib_docstring_summary"
+
+
+def shift_right(targets: np.ndarray) -> np.ndarray:
+  """Decoder inputs of unpacked targets: [[5 6 1]] -> [[0 5 6]]."""
+  return np.pad(targets[:, :-1], ((0, 0), (1, 0)))
+
+
+def pretrain_batches(vocab_size: int, batch_size: int, lengths: tuple[int, int], seed: int):
+  """([t5lite batch], [HF batch]): one random batch of ids in [2, vocab), no padding."""
+  rng = np.random.default_rng(seed)
+  inputs = rng.integers(2, vocab_size, (batch_size, lengths[0]), dtype=np.int32)
+  targets = rng.integers(2, vocab_size, (batch_size, lengths[1]), dtype=np.int32)
+  t5lite = {"encoder_input_tokens": inputs, "decoder_input_tokens": shift_right(targets),
+            "decoder_target_tokens": targets,
+            "decoder_loss_weights": np.ones_like(targets)}
+  return [t5lite], [pad_examples(list(zip(inputs, targets)))]
+
+
+def unpack(batch: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The (inputs, targets) examples a packed EncDec batch holds, row by row."""
+  examples = []
+  for row in range(batch["encoder_input_tokens"].shape[0]):
+    enc, dec = batch["encoder_segment_ids"][row], batch["decoder_segment_ids"][row]
+    for segment in np.unique(np.concatenate([enc, dec])):
+      if segment > 0:
+        examples.append((batch["encoder_input_tokens"][row][enc == segment],
+                         batch["decoder_target_tokens"][row][dec == segment]))
+  return examples
+
+
+def finetune_batches(batch_size: int, lengths: tuple[int, int], steps: int, seed: int):
+  """(t5lite packed batches, HF padded batches of the same examples, parity batch, vocab size).
+
+  The parity batch is every example of t5lite's first batch, padded as one HF batch: its HF
+  loss equals t5lite's first loss when both models are the same.
+  """
+  import t5lite_tasks  # noqa: F401 (registers the embedded tasks; builds the vocab once)
+  from t5lite.data.describe import converter_for
+  from t5lite.data.pipeline import PipelineConfig, get_dataset
+  from t5lite.data.registry import TaskRegistry
+  task = TaskRegistry.get(FINETUNE_TASK)
+  config = PipelineConfig(global_batch_size=batch_size, seed=seed,
+                          task_feature_lengths={"inputs": lengths[0], "targets": lengths[1]})
+  iterator = get_dataset(FINETUNE_TASK, config, converter_for("encoder_decoder"))
+  packed = [next(iterator) for _ in range(steps)]
+  examples = [ex for batch in packed for ex in unpack(batch)]
+  order = np.random.default_rng(seed).permutation(len(examples))  # HF's DataLoader shuffles
+  examples = [examples[i] for i in order]
+  hf = [pad_examples(examples[i:i + batch_size]) for i in range(0, len(examples), batch_size)]
+  vocab_size = task.output_features["targets"].vocabulary.vocab_size
+  return packed, hf, pad_examples(unpack(packed[0])), vocab_size
+
+
+def t5lite_useful_tokens(batch: dict[str, np.ndarray]) -> int:
+  if "encoder_segment_ids" not in batch:  # pretrain: no padding
+    return int(batch["encoder_input_tokens"].size + batch["decoder_target_tokens"].size)
+  return int(np.sum(batch["encoder_segment_ids"] > 0) + np.sum(batch["decoder_segment_ids"] > 0))
