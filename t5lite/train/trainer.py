@@ -246,6 +246,52 @@ class Trainer:
                         self.param_shardings)
 
 
+def _nonfinite(config: TrainConfig, step: int, scalars: dict, checkpointer, log) -> None:
+  """Step `step` had a NaN/inf loss or gradient: stop (raise) or report the skipped update."""
+  if config.step.nonfinite == "stop":
+    last = checkpointer.latest_step()
+    raise FloatingPointError(
+        f"non-finite loss or gradients at step {step} (loss {scalars['loss']}, grad norm "
+        f"{scalars['grad_norm']}); the run stops, the update was not applied. Last "
+        f"checkpoint: {last if last is not None else 'none'}. Lower the learning rate, check "
+        "the data, or set StepConfig.nonfinite='skip' to drop such updates")
+  log(f"t5lite: step {step}: non-finite loss or gradients; update skipped")
+
+
+class _Throughput:
+  """Tokens/s, MFU and the progress line over the steps since the last log."""
+
+  def __init__(self, trainer: Trainer, progress: ProgressLine, step: int):
+    self.trainer, self.progress = trainer, progress
+    self.peak = cost_model.peak_flops(jax.devices()[0].device_kind)
+    self.restart(step)
+
+  def restart(self, step: int) -> None:
+    """Counts from `step`, now (after an eval: its time is not training throughput)."""
+    self.start, self.base_step = time.perf_counter(), step
+
+  def log(self, step: int, scalars: dict, host_batch, writer: MetricsWriter,
+          result: "TrainResult", log: Callable[[str], None]) -> None:
+    config, model_config = self.trainer.config, self.trainer.model_config
+    steps = step - self.base_step
+    seconds = time.perf_counter() - self.start
+    tokens, inputs_len, targets_len = _tokens_per_step(host_batch, config.batch_size)
+    mfu = None
+    if self.peak:
+      flops = cost_model.flops_per_sequence(model_config, inputs_len, targets_len)
+      mfu = cost_model.mfu(flops * config.batch_size * steps, seconds,
+                           self.peak * jax.device_count())
+    lr = learning_rate_at(config.optimizer, step - 1)
+    record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens * steps / seconds}
+    if mfu is not None:
+      record["mfu"] = mfu
+    writer.write(step, record)
+    result.losses[step] = scalars["loss"]
+    if self.trainer.is_primary:
+      log(self.progress.update(step, scalars["loss"], lr, tokens * steps, seconds, mfu))
+    self.restart(step)
+
+
 def _tokens_per_step(batch: Mapping[str, np.ndarray], global_rows: int) -> tuple[int, int, int]:
   """(tokens per step, inputs length, targets length) from a host batch's shapes."""
   inputs = batch["encoder_input_tokens"].shape[1] if "encoder_input_tokens" in batch else 0
@@ -291,7 +337,7 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
 
 def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Preemption,
          log: Callable[[str], None]) -> TrainResult:
-  config, model_config = trainer.config, trainer.model_config
+  config = trainer.config
   batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
                             config.data_workers)
   restored = checkpointer.restore_latest(trainer.abstract_state)
@@ -322,62 +368,46 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
   if config.run_eval_before_training and (config.eval_period or config.infer_eval_period):
     _log_eval(trainer, state, step, writer, result, log, loss=bool(config.eval_period),
               infer=bool(config.infer_eval_period), evaluators=evaluators)
-  progress = ProgressLine(config.train_steps, start_step=step)
-  peak = cost_model.peak_flops(jax.devices()[0].device_kind)
-  interval_start, interval_steps = time.perf_counter(), 0
+  meter = _Throughput(trainer, ProgressLine(config.train_steps, start_step=step), step)
+  host_batch = next(batches)
   try:
     while step < config.train_steps:
-      host_batch = next(batches)
       state, metrics = trainer.step_fn(state, part.global_batch(host_batch, trainer.mesh))
-      if config.step.nonfinite == "stop" or step + 1 == config.train_steps or (
-          (step + 1) % config.log_period == 0):
-        scalars = evaluation.host_scalars(metrics)  # waits for the step
-        if scalars.pop("nonfinite"):
-          if config.step.nonfinite == "stop":
-            last = checkpointer.latest_step()
-            raise FloatingPointError(
-                f"non-finite loss or gradients at step {step} (loss {scalars['loss']}, grad "
-                f"norm {scalars['grad_norm']}); the run stops, the update was not applied. "
-                f"Last checkpoint: {last if last is not None else 'none'}. Lower the learning "
-                "rate, check the data, or set StepConfig.nonfinite='skip' to drop such updates")
-          log(f"t5lite: step {step}: non-finite loss or gradients; update skipped")
-      step += 1
-      interval_steps += 1
-      if step % config.log_period == 0 or step == config.train_steps:
-        tokens, inputs_len, targets_len = _tokens_per_step(host_batch, config.batch_size)
-        seconds = time.perf_counter() - interval_start
-        mfu = None
-        if peak:
-          flops = cost_model.flops_per_sequence(model_config, inputs_len, targets_len)
-          mfu = cost_model.mfu(flops * config.batch_size * interval_steps, seconds,
-                               peak * jax.device_count())
-        lr = learning_rate_at(config.optimizer, step - 1)
-        record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens * interval_steps / seconds}
-        if mfu is not None:
-          record["mfu"] = mfu
-        writer.write(step, record)
-        result.losses[step] = scalars["loss"]
-        if trainer.is_primary:
-          log(progress.update(step, scalars["loss"], lr, tokens * interval_steps, seconds, mfu))
-        interval_start, interval_steps = time.perf_counter(), 0
+      step += 1  # the step just dispatched; the device runs it while the host goes on
       last = step == config.train_steps
       loss_eval = bool(config.eval_period) and (step % config.eval_period == 0 or last)
       infer_eval = bool(config.infer_eval_period) and (
           step % config.infer_eval_period == 0 or last)
+      stop = preemption.requested
+      save = (stop or last or step % config.checkpoint.period == 0
+              or (infer_eval and best.metric is not None))
+      # The checkpoint's data position is after this step's batch: read it before the next
+      # batch is fetched. Fetching it now overlaps host data work with the device step.
+      saved_data = data_state.global_state(batches) if save else None
+      if not (last or stop):
+        host_batch_next = next(batches)
+      if config.step.nonfinite == "stop" or last or step % config.log_period == 0:
+        scalars = evaluation.host_scalars(metrics)  # waits for the step
+        if scalars.pop("nonfinite"):
+          _nonfinite(config, step, scalars, checkpointer, log)
+        if step % config.log_period == 0 or last:
+          meter.log(step, scalars, host_batch, writer, result, log)
       if loss_eval or infer_eval:
         _log_eval(trainer, state, step, writer, result, log, loss=loss_eval, infer=infer_eval,
                   evaluators=evaluators)
-        interval_start = time.perf_counter()  # eval time is not training throughput
-      stop = preemption.requested
-      ranked = best.update(step, result) if infer_eval else False
-      if stop or ranked or step % config.checkpoint.period == 0 or last:
-        checkpointer.save(step, state, data_state.global_state(batches),
+        meter.restart(step)
+      if save:
+        if infer_eval:
+          best.update(step, result)
+        checkpointer.save(step, state, saved_data,
                           metrics=result.eval_metrics if result.eval_step == step else None)
       if stop:
         log(f"t5lite: preempted (SIGTERM): saved checkpoint {step}; rerun the same command to "
             "resume")
         result.preempted = True
         break
+      if not last:
+        host_batch = host_batch_next
   finally:
     writer.close()
   result.step = step
