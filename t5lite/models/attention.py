@@ -42,6 +42,24 @@ def prefix_lm_mask(causal_attention: jax.Array) -> jax.Array:
   return causal_mask(prefix.shape[-1]) | (prefix[:, :, None] & prefix[:, None, :])
 
 
+def cache_mask(positions: jax.Array, cache_length: int,
+               causal_attention: jax.Array | None = None) -> jax.Array:
+  """Incremental decoding: which cache slots the queries at `positions` (B, Q) may see.
+
+  Slot j holds the key of position j, so a query sees slots j <= its position (later slots
+  are unwritten or stale). causal_attention (B, Q), given for a prefix-LM prompt written from
+  slot 0, also opens the prompt's slots to each other. Returns (B, Q, cache_length) bool.
+  Example: positions [[2]], cache_length 4 -> [[[1 1 1 0]]].
+  """
+  slots = jnp.arange(cache_length, dtype=jnp.int32)
+  mask = slots[None, None, :] <= positions[:, :, None]
+  if causal_attention is not None:
+    prefix = causal_attention.astype(bool)
+    prefix_slots = jnp.pad(prefix, ((0, 0), (0, cache_length - prefix.shape[1])))
+    mask = mask | (prefix[:, :, None] & prefix_slots[:, None, :])
+  return mask
+
+
 def mask_to_bias(mask: jax.Array) -> jax.Array:
   """(B, Q, K) bool -> (B, 1, Q, K) float32 additive bias, broadcast over heads."""
   return jnp.where(mask, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
@@ -56,6 +74,13 @@ class MultiHeadAttention(nn.Module):
   deterministic: bool = True
   rotary: bool = True
   """Rotate queries and keys when the config uses 'rope' (off for cross-attention)."""
+  cache: str | None = None
+  """Incremental decoding (None in training). 'self': keys and values of this call are written
+  into the 'cache' collection (cache_length slots, slot = position in q_positions) and the
+  queries attend over all slots, the bias masking the unwritten ones. 'cross': x_kv is
+  projected on the first call only (when the cache is empty) and reused by later steps."""
+  cache_length: int = 0
+  """Slots of a 'self' cache: the longest sequence (prompt + output) one decode can reach."""
 
   @nn.compact
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, bias: jax.Array,
@@ -66,13 +91,23 @@ class MultiHeadAttention(nn.Module):
     dtypes = dict(dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
     heads_axes = ("embed", "heads", "kv")
     query = Dense((d,), (h, k), heads_axes, (d * k) ** -0.5, name="query", **dtypes)(x_q)
-    key = Dense((d,), (h, k), heads_axes, d ** -0.5, name="key", **dtypes)(x_kv)
-    value = Dense((d,), (h, k), heads_axes, d ** -0.5, name="value", **dtypes)(x_kv)
+    cross_cached = self.cache == "cross" and self.has_variable("cache", "cached_key")
+    if cross_cached:  # decoding steps: the encoder's keys and values were projected at prefill
+      key = self.get_variable("cache", "cached_key")
+      value = self.get_variable("cache", "cached_value")
+    else:
+      key = Dense((d,), (h, k), heads_axes, d ** -0.5, name="key", **dtypes)(x_kv)
+      value = Dense((d,), (h, k), heads_axes, d ** -0.5, name="value", **dtypes)(x_kv)
     if cfg.position_encoding == "rope" and self.rotary:
       query = apply_rope(query, q_positions, cfg.rope_theta)
       key = apply_rope(key, kv_positions, cfg.rope_theta)
     constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "kv"))
     query, key, value = constrain(query), constrain(key), constrain(value)  # (B, L, H, K)
+    if self.cache == "self":
+      key, value = self._append_to_cache(key, value, q_positions)  # (B, cache_length, H, K)
+    elif self.cache == "cross" and not cross_cached:
+      self.put_variable("cache", "cached_key", key)
+      self.put_variable("cache", "cached_value", value)
 
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
@@ -80,3 +115,18 @@ class MultiHeadAttention(nn.Module):
     out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)
     return Dense((h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, name="out",
                  **dtypes)(out)  # (B, Q, D)
+
+  def _append_to_cache(self, key, value, positions):
+    """Writes key/value (B, Q, H, K) at slots positions[b, 0] .. + Q - 1 of each row's cache
+    and returns the whole caches (B, cache_length, H, K). Rows may sit at different positions
+    (decoder-only prompts of different lengths)."""
+    shape = (key.shape[0], self.cache_length) + key.shape[2:]
+    # One slice update per row: XLA makes it a scatter that updates the cache in place.
+    write = jax.vmap(lambda cache, new, start: jax.lax.dynamic_update_slice_in_dim(
+        cache, new, start, axis=0))
+    out = []
+    for name, new in (("cached_key", key), ("cached_value", value)):
+      cache = self.variable("cache", name, jnp.zeros, shape, new.dtype)
+      cache.value = write(cache.value, new, positions[:, 0])
+      out.append(cache.value)
+    return tuple(out)

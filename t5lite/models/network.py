@@ -32,6 +32,9 @@ class _Model(nn.Module):
   config: ModelConfig
   deterministic: bool = True
   """False enables dropout (then apply needs a 'dropout' rng)."""
+  cache_length: int = 0
+  """> 0: the decoder runs incrementally over a 'cache' collection of this many positions
+  (t5lite.models.decoding); params are the same."""
 
   def _embedder(self) -> Embed:
     cfg = self.config
@@ -47,7 +50,8 @@ class EncoderDecoder(_Model):
   def setup(self):
     self.token_embedder = self._embedder()
     self.encoder = Encoder(self.config, self.token_embedder, self.deterministic)
-    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic)
+    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic,
+                           self.cache_length)
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None):
     return self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
@@ -73,11 +77,13 @@ class DecoderOnly(_Model):
 
   def setup(self):
     self.token_embedder = self._embedder()
-    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic)
+    self.decoder = Decoder(self.config, self.token_embedder, self.deterministic,
+                           self.cache_length)
 
   def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                decoder_causal_attention=None):
-    if self.config.prefix_lm and decoder_causal_attention is None:
+    # Decoding steps after a prefix-LM prompt are plain causal: no decoder_causal_attention.
+    if self.config.prefix_lm and decoder_causal_attention is None and not self.cache_length:
       raise ValueError("a prefix_lm model needs decoder_causal_attention (1 on prefix positions)")
     if not self.config.prefix_lm and decoder_causal_attention is not None:
       raise ValueError("decoder_causal_attention was given but the config has prefix_lm=False")
@@ -120,9 +126,12 @@ MODEL_INPUTS = {
 }
 
 
-def make_model(config: ModelConfig, *, enable_dropout: bool = False) -> nn.Module:
-  """The Flax module for a config; params do not depend on enable_dropout."""
-  return MODEL_CLASSES[config.architecture](config, deterministic=not enable_dropout)
+def make_model(config: ModelConfig, *, enable_dropout: bool = False,
+               cache_length: int = 0) -> nn.Module:
+  """The Flax module for a config; params depend on neither enable_dropout nor cache_length
+  (> 0: incremental decoding with a key/value cache of that many positions)."""
+  kwargs = dict(cache_length=cache_length) if cache_length else {}
+  return MODEL_CLASSES[config.architecture](config, deterministic=not enable_dropout, **kwargs)
 
 
 def model_inputs(config: ModelConfig, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:

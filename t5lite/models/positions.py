@@ -42,7 +42,8 @@ class RelativePositionBias(nn.Module):
 
   Offsets come from sequence indices, not packed `*_positions`: inside one packed segment
   the two give the same key - query offsets, and pairs across segments are masked anyway.
-  `query_offset` shifts the query indices (incremental decoding).
+  `query_offset` shifts the query indices (incremental decoding): a scalar, or one offset per
+  row (B,), which gives a per-row bias (B, H, Q, K).
   """
   config: ModelConfig
   bidirectional: bool
@@ -54,14 +55,16 @@ class RelativePositionBias(nn.Module):
                                         ("relpos_buckets", "heads"))
     table = self.param("rel_embedding", init,
                        (cfg.relative_attention_num_buckets, cfg.num_heads), cfg.storage_dtype)
-    query = jnp.arange(query_length, dtype=jnp.int32)[:, None] + query_offset
+    offset = jnp.asarray(query_offset, jnp.int32)
+    query = jnp.arange(query_length, dtype=jnp.int32)[:, None] + offset[..., None, None]
     key = jnp.arange(key_length, dtype=jnp.int32)[None, :]
     buckets = relative_position_bucket(
         key - query, bidirectional=self.bidirectional,
         num_buckets=cfg.relative_attention_num_buckets,
-        max_distance=cfg.relative_attention_max_distance)  # (Q, K)
-    bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # (Q, K, H)
-    return jnp.transpose(bias, (2, 0, 1))[None]  # (1, H, Q, K)
+        max_distance=cfg.relative_attention_max_distance)  # (Q, K) or (B, Q, K)
+    bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # (..., Q, K, H)
+    bias = jnp.moveaxis(bias, -1, -3)  # (..., H, Q, K)
+    return bias if offset.ndim else bias[None]  # (B|1, H, Q, K)
 
 
 def sinusoidal_embedding(positions: jax.Array, features: int) -> jax.Array:

@@ -2,6 +2,10 @@
 
 An Encoder stack attends bidirectionally within segments; a Decoder stack is causal (or
 prefix-LM) and, in an encoder-decoder model, cross-attends to the encoder's output.
+
+With cache_length > 0 a Decoder runs incrementally (t5lite.models.decoding): each call takes
+the next tokens at their `positions`, self-attention keys/values live in a 'cache' variable
+collection of cache_length slots, and cross-attention projects the encoder output once.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.attention import (MultiHeadAttention, causal_mask, mask_to_bias,
+from t5lite.models.attention import (MultiHeadAttention, cache_mask, causal_mask, mask_to_bias,
                                      prefix_lm_mask, segment_mask)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, matmul_2d
@@ -29,13 +33,17 @@ class EncoderLayer(nn.Module):
   """Self-attention + MLP, each pre-normed with a residual. Also the decoder-only layer."""
   config: ModelConfig
   deterministic: bool = True
+  cache_length: int = 0
+  """> 0: incremental decoding with a self-attention cache of this many slots."""
 
   @nn.compact
   def __call__(self, x, bias, positions):
     cfg = self.config
     drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)
     y = Norm(cfg, name="pre_attention_layer_norm")(x)
-    y = MultiHeadAttention(cfg, self.deterministic, name="attention")(y, y, bias, positions, positions)
+    y = MultiHeadAttention(cfg, self.deterministic, cache="self" if self.cache_length else None,
+                           cache_length=self.cache_length, name="attention")(
+                               y, y, bias, positions, positions)
     x = x + drop(y)
     y = Mlp(cfg, self.deterministic, name="mlp")(Norm(cfg, name="pre_mlp_layer_norm")(x))
     x = nn.with_logical_constraint(x + drop(y), BATCH_LENGTH_EMBED)
@@ -46,18 +54,23 @@ class DecoderLayer(nn.Module):
   """Causal self-attention, cross-attention to the encoder output, MLP."""
   config: ModelConfig
   deterministic: bool = True
+  cache_length: int = 0
+  """> 0: incremental decoding (self-attention cache, cross-attention K/V projected once)."""
 
   @nn.compact
   def __call__(self, x, self_bias, positions, encoded, cross_bias):
     cfg = self.config
     drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)
     y = Norm(cfg, name="pre_self_attention_layer_norm")(x)
-    y = MultiHeadAttention(cfg, self.deterministic, name="self_attention")(
-        y, y, self_bias, positions, positions)
+    decoding = self.cache_length > 0
+    y = MultiHeadAttention(cfg, self.deterministic, cache="self" if decoding else None,
+                           cache_length=self.cache_length, name="self_attention")(
+                               y, y, self_bias, positions, positions)
     x = x + drop(y)
     y = Norm(cfg, name="pre_cross_attention_layer_norm")(x)
     # No rotary in cross-attention: query and key positions live in different sequences.
     y = MultiHeadAttention(cfg, self.deterministic, rotary=False,
+                           cache="cross" if decoding else None,
                            name="encoder_decoder_attention")(y, encoded, cross_bias)
     x = x + drop(y)
     y = Mlp(cfg, self.deterministic, name="mlp")(Norm(cfg, name="pre_mlp_layer_norm")(x))
@@ -66,10 +79,17 @@ class DecoderLayer(nn.Module):
 
 
 def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool,
-               num_layers: int, x: jax.Array, *args) -> jax.Array:
+               num_layers: int, x: jax.Array, *args, cache_length: int = 0) -> jax.Array:
   """Applies num_layers layers to x: a Python loop (params layers_0..N-1) or one nn.scan
   (params under `layers`, stacked on a leading axis named 'layers'). Call inside a compact
-  method: the layers become children of the calling module."""
+  method: the layers become children of the calling module. cache_length > 0 (decoding)
+  needs unscanned layers: decoding.py converts scanned params before it decodes."""
+  if cache_length:
+    if cfg.scan_layers:
+      raise ValueError("incremental decoding runs unscanned layers (see unscan_params)")
+    for i in range(num_layers):
+      x, _ = layer_cls(cfg, deterministic, cache_length, name=f"layers_{i}")(x, *args)
+    return x
   if cfg.remat_policy != "none":
     layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy],
                          prevent_cse=not cfg.scan_layers)  # scan already prevents CSE
@@ -93,6 +113,8 @@ class _Stack(nn.Module):
   config: ModelConfig
   embedder: Embed
   deterministic: bool = True
+  cache_length: int = 0
+  """Decoder only: > 0 runs it incrementally over a cache of this many positions."""
 
   def embed(self, tokens, positions):
     cfg = self.config
@@ -133,18 +155,24 @@ class Decoder(_Stack):
     cfg = self.config
     length = tokens.shape[1]
     x = self.embed(tokens, positions)
-    mask = causal_mask(length) if causal_attention is None else prefix_lm_mask(causal_attention)
-    self_bias = mask_to_bias(mask & segment_mask(segment_ids, segment_ids))  # (B, 1, L, L)
+    if self.cache_length:  # keys are cache slots; no packing while decoding
+      self_bias = mask_to_bias(cache_mask(positions, self.cache_length, causal_attention))
+      key_length, query_offset = self.cache_length, positions[:, 0]  # (B, 1, L, T), (B,)
+    else:
+      mask = causal_mask(length) if causal_attention is None else prefix_lm_mask(causal_attention)
+      self_bias = mask_to_bias(mask & segment_mask(segment_ids, segment_ids))  # (B, 1, L, L)
+      key_length, query_offset = length, 0
     if cfg.position_encoding == "relative_bias":
-      self_bias = self_bias + RelativePositionBias(cfg, bidirectional=False,
-                                                   name="relpos_bias")(length, length)
+      self_bias = self_bias + RelativePositionBias(cfg, bidirectional=False, name="relpos_bias")(
+          length, key_length, query_offset)
+    layers = dict(cache_length=self.cache_length)
     if encoded is None:
       x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
-                     self_bias, positions)
+                     self_bias, positions, **layers)
     else:
       cross_bias = mask_to_bias(segment_mask(segment_ids, encoder_segment_ids))  # (B, 1, L, S)
       x = run_layers(DecoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
-                     self_bias, positions, encoded, cross_bias)
+                     self_bias, positions, encoded, cross_bias, **layers)
     return LogitsHead(cfg, self.embedder, name="logits_dense")(self.finish(x, "decoder_norm"))
 
 

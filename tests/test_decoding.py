@@ -1,0 +1,217 @@
+"""Incremental decoding: the cache against full recomputation, HF generate parity, the
+decoding methods' contracts, EOS handling and scoring."""
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import t5lite
+from t5lite.models import decoding, init_params, make_model
+from t5lite.models.beam_search import beam_search
+from t5lite.models.params import scan_params
+
+from conftest import tiny
+
+MAX = 7
+CONFIGS = {
+    "enc_dec_relative_bias": tiny(),
+    "decoder_only_rope": tiny(architecture="decoder_only", position_encoding="rope"),
+    "prefix_lm_relative_bias": tiny(architecture="decoder_only", prefix_lm=True),
+}
+
+
+def prompts(seed=0, batch=3, length=9, vocab=128):
+  """Non-zero ids, rows right-padded to different lengths (one full, one of length 1)."""
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(2, vocab, (batch, length))
+  tokens[1, 5:] = 0
+  tokens[2, 1:] = 0
+  return tokens
+
+
+def full_forward_logits(config, params, inputs, targets):
+  """Reference: next-token logits (B, T, V) at each target position, one whole-sequence
+  forward pass per row, no cache."""
+  model = make_model(config)
+  if config.architecture == "encoder_decoder":
+    decoder_inputs = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    return np.asarray(model.apply({"params": params}, inputs, decoder_inputs))
+  rows = []
+  for prompt, target in zip(inputs, targets):
+    prompt = prompt[prompt > 0]
+    seq = np.concatenate([[0], prompt, target[:-1]])[None]  # BOS, prompt, shifted targets
+    extra = {}
+    if config.prefix_lm:
+      extra["decoder_causal_attention"] = (np.arange(seq.shape[1]) < len(prompt) + 1)[None]
+    logits = np.asarray(model.apply({"params": params}, seq, **extra))[0]
+    rows.append(logits[len(prompt):])
+  return np.stack(rows)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def model(request):
+  config = CONFIGS[request.param]
+  return config, init_params(config, 1)
+
+
+def test_cached_logits_equal_full_recomputation(model):
+  config, params = model
+  inputs = prompts()
+  targets = np.random.RandomState(1).randint(2, 128, (3, MAX))
+  cached = decoding.teacher_forced_logits(config, params, inputs, targets)
+  reference = full_forward_logits(config, params, inputs, targets)
+  np.testing.assert_allclose(cached, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_score_is_the_full_forward_log_likelihood(model):
+  config, params = model
+  inputs = prompts(2)
+  targets = np.random.RandomState(3).randint(2, 128, (3, 6))
+  targets[:, -1] = 1
+  targets[0, 3:] = [1, 0, 0]  # a shorter target: padding is not scored
+  log_probs = jax.nn.log_softmax(full_forward_logits(config, params, inputs, targets), -1)
+  picked = np.take_along_axis(np.asarray(log_probs), targets[:, :, None], -1)[:, :, 0]
+  expected = np.sum(picked * (targets > 0), axis=1)
+  np.testing.assert_allclose(decoding.score(config, params, inputs, targets), expected,
+                             rtol=1e-5, atol=1e-4)
+
+
+def test_decoding_methods_contracts(model):
+  config, params = model
+  inputs = prompts(4)
+  greedy = t5lite.generate(config, params, inputs, max_decode_length=MAX)
+  assert greedy.shape == (3, MAX) and greedy.dtype == np.int32
+  same = lambda **kw: t5lite.generate(config, params, inputs, max_decode_length=MAX, **kw)
+  np.testing.assert_array_equal(same(method="beam", num_beams=1), greedy)
+  np.testing.assert_array_equal(same(method="sample", temperature=0.0), greedy)
+  np.testing.assert_array_equal(same(method="sample", top_k=1, seed=5), greedy)
+  np.testing.assert_array_equal(same(method="sample", top_p=1e-6, seed=5), greedy)
+  sample = same(method="sample", seed=3)
+  np.testing.assert_array_equal(same(method="sample", seed=3), sample)
+  assert not np.array_equal(same(method="sample", seed=4), sample)
+  # Teacher-forcing the greedy tokens: each one is the argmax of its cached logits.
+  logits = decoding.teacher_forced_logits(config, params, inputs, greedy)
+  np.testing.assert_array_equal(np.argmax(logits, -1), greedy)
+
+
+def test_rows_decode_as_they_would_alone(model):
+  config, params = model
+  inputs = prompts(5)
+  for method in ("greedy", "beam"):
+    batch = t5lite.generate(config, params, inputs, max_decode_length=5, method=method)
+    for row in range(len(inputs)):
+      alone = inputs[row:row + 1, :max(1, int(np.sum(inputs[row] > 0)))]
+      np.testing.assert_array_equal(
+          t5lite.generate(config, params, alone, max_decode_length=5, method=method),
+          batch[row:row + 1])
+
+
+def with_eos_for(config, params, token):
+  """Params whose output projection swaps `token` and EOS: the model now says EOS (1) wherever
+  it said `token`, with every other logit unchanged."""
+  params = jax.tree_util.tree_map(np.array, params)
+  kernel = params["decoder"]["logits_dense"]["kernel"]
+  kernel[:, [1, token]] = kernel[:, [token, 1]]
+  return params
+
+
+def test_eos_stops_a_row_and_pads_it_with_zeros():
+  config = CONFIGS["enc_dec_relative_bias"]
+  params = init_params(config, 2)
+  inputs = prompts(6)
+  greedy = t5lite.generate(config, params, inputs, max_decode_length=MAX)
+  assert not np.any(greedy == 1)
+  # Row 0 ends at the first step whose token did not appear before in the batch's outputs.
+  step = next(i for i in range(1, MAX) if greedy[0, i] not in greedy[:, :i])
+  eos_params = with_eos_for(config, params, int(greedy[0, step]))
+  for method in ("greedy", "beam"):
+    out = t5lite.generate(config, eos_params, inputs, max_decode_length=MAX, method=method)
+    for row in out:
+      ends = np.flatnonzero(row == 1)
+      if len(ends):
+        assert not np.any(row[ends[0] + 1:])
+    if method == "greedy":
+      np.testing.assert_array_equal(out[0, :step + 1], np.append(greedy[0, :step], 1))
+      assert not np.any(out[0, step + 1:])
+
+
+def test_beam_search_keeps_finished_hypotheses_and_scores_them():
+  config = CONFIGS["enc_dec_relative_bias"]
+  params = init_params(config, 3)
+  inputs = prompts(7)
+  greedy = t5lite.generate(config, params, inputs, max_decode_length=MAX)
+  eos_params = with_eos_for(config, params, int(greedy[0, 2]))
+  dconfig, dparams = decoding.decoding_model_inputs(config, eos_params)
+
+  @jax.jit
+  def run(params, tokens):
+    prefill = decoding.start(dconfig, params, tokens, MAX, copies=3)
+    return beam_search(prefill, num_beams=3, max_decode_length=MAX, alpha=0.6)
+
+  seqs, scores = run(dparams, inputs)
+  seqs, scores = np.asarray(seqs), np.asarray(scores)
+  assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+  # Finished hypotheses' scores are their log-likelihoods over T5X's length penalty.
+  for b in range(len(inputs)):
+    for k in range(3):
+      if 1 in seqs[b, k]:
+        length = int(np.flatnonzero(seqs[b, k] == 1)[0]) + 1
+        ll = decoding.score(config, eos_params, inputs[b:b + 1], seqs[b:b + 1, k])[0]
+        np.testing.assert_allclose(scores[b, k], ll / ((5 + length) / 6) ** 0.6, rtol=1e-4)
+  assert np.array_equal(seqs[:, 0], t5lite.generate(config, eos_params, inputs,
+                                                    max_decode_length=MAX, method="beam",
+                                                    num_beams=3))
+
+
+def test_scanned_params_decode_the_same():
+  config = CONFIGS["enc_dec_relative_bias"]
+  params = init_params(config, 4)
+  inputs = prompts(8)
+  scanned = config.replace(scan_layers=True)
+  np.testing.assert_array_equal(
+      t5lite.generate(scanned, scan_params(params, scanned), inputs, max_decode_length=MAX),
+      t5lite.generate(config, params, inputs, max_decode_length=MAX))
+
+
+def make_hf_model(seed=0, vocab=101):
+  """A random T5 v1.1-style model (gated-GELU, untied lm_head), as in test_hf.py. Equal
+  depths: transformers 5.x generate sizes its cache by the encoder depth."""
+  torch.manual_seed(seed)
+  model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+      vocab_size=vocab, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_layers=2,
+      num_decoder_layers=2, relative_attention_num_buckets=8,
+      relative_attention_max_distance=20, feed_forward_proj="gated-gelu",
+      tie_word_embeddings=False, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+      eos_token_id=1)).eval()
+  model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.3)
+  return model
+
+
+def hf_generate(model, inputs, max_new_tokens, **kwargs):
+  """HF generate output without its start token, 0-padded to max_new_tokens."""
+  with torch.no_grad():
+    out = model.generate(input_ids=torch.tensor(inputs),
+                         attention_mask=torch.tensor(inputs > 0).long(),
+                         max_new_tokens=max_new_tokens, **kwargs).numpy()[:, 1:]
+  return np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])))
+
+
+def test_greedy_matches_hf_generate(tmp_path):
+  model = make_hf_model()
+  # Make EOS the greedy choice somewhere, so stopping and padding are compared too.
+  model.save_pretrained(tmp_path)
+  config, params = t5lite.load_hf(str(tmp_path))
+  inputs = prompts(9, batch=4, length=12, vocab=101)
+  ours = t5lite.generate(config, params, inputs, max_decode_length=10)
+  np.testing.assert_array_equal(
+      ours, hf_generate(model, inputs, 10, do_sample=False, num_beams=1))
+  token = int(ours[1, 3])
+  with torch.no_grad():  # swap lm_head rows: EOS wherever the model said `token`
+    model.lm_head.weight[[1, token]] = model.lm_head.weight[[token, 1]].clone()
+  model.save_pretrained(tmp_path / "eos")
+  config, params = t5lite.load_hf(str(tmp_path / "eos"))
+  ours = t5lite.generate(config, params, inputs, max_decode_length=10)
+  assert np.any(ours == 1)
+  np.testing.assert_array_equal(
+      ours, hf_generate(model, inputs, 10, do_sample=False, num_beams=1))
