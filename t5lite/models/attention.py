@@ -60,6 +60,20 @@ def cache_mask(positions: jax.Array, cache_length: int,
   return mask
 
 
+def fold_rows_into_queries(query: jax.Array, bias: jax.Array, fold: int):
+  """Rows b*fold .. b*fold + fold - 1 of query (B*fold, Q, H, K) -> row b of (B, fold*Q, H, K),
+  and the bias (B*fold | 1, H|1, Q, S) to match, (B | 1, H|1, fold*Q, S). Cross-attention
+  then reads each encoder row's keys and values once for all its beams: fewer bytes per
+  step than a copy per beam, and the same numbers."""
+  rows, length = query.shape[0] // fold, query.shape[1]
+  query = query.reshape(rows, fold * length, *query.shape[2:])
+  if bias.shape[0] == 1:
+    return query, jnp.tile(bias, (1, 1, fold, 1))
+  bias = bias.reshape(rows, fold, *bias.shape[1:])  # (B, fold, H|1, Q, S)
+  bias = jnp.swapaxes(bias, 1, 2).reshape(rows, bias.shape[2], fold * length, bias.shape[-1])
+  return query, bias
+
+
 def mask_to_bias(mask: jax.Array) -> jax.Array:
   """(B, Q, K) bool -> (B, 1, Q, K) float32 additive bias, broadcast over heads."""
   return jnp.where(mask, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
@@ -108,11 +122,17 @@ class MultiHeadAttention(nn.Module):
     elif self.cache == "cross" and not cross_cached:
       self.put_variable("cache", "cached_key", key)
       self.put_variable("cache", "cached_value", value)
+    # Beam search: x_q may hold `fold` beams per x_kv row; they share the encoder's K/V.
+    fold = query.shape[0] // key.shape[0] if self.cache == "cross" else 1
+    if fold > 1:
+      query, bias = fold_rows_into_queries(query, bias, fold)
 
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
     out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)
+    if fold > 1:
+      out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
     return Dense((h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, name="out",
                  **dtypes)(out)  # (B, Q, D)
 

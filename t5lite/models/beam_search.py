@@ -15,7 +15,8 @@ Per example, K live beams (sorted best first) and K finished slots. Each step:
 The result is the best finished hypothesis, or the best live beam for an example that has no
 finished one (T5X's fallback).
 
-Cross-attention caches are the same for all beams of an example, so they are never gathered.
+Cross-attention caches hold one row per example, shared by its beams (decoding.start and
+attention.fold_rows_into_queries), so they are never gathered.
 """
 from __future__ import annotations
 
