@@ -21,6 +21,11 @@ times; a run is the side's whole batch list (`--steps` batches for t5lite; HF's 
 the same examples) and ends when its results are ready. Reported step times and tokens/s are
 medians over runs of wall time; ratio_vs_hf is t5lite tokens/s over HF tokens/s (higher =
 t5lite faster). Threads: torch uses --threads (2), XLA CPU uses every core it sees.
+Contention: other processes' CPU share is measured over each run and reported. It is not
+neutral: torch's OpenMP workers wait on each other at every op, so a stolen core slows HF
+several times more than XLA's work-stealing pool (ratios of 4-12x were seen on a busy
+2-core machine, 1.45x quiet). Quote only runs whose others_cpu_fraction is near 0; with
+--quiet_wait_s the bench waits, before each pair of runs, for the CPUs to be free.
 Memory, after timing: each side runs one more step while a thread samples the process RSS;
 the peak above the RSS before it is that side's step memory. On a GPU: the devices' peaks.
 
@@ -192,17 +197,21 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
 
   wall: dict[str, list[float]] = {name: [] for name in sides}
   cpu: dict[str, list[float]] = {name: [] for name in sides}
-  if quiet_wait_s > 0:
-    machine.wait_for_quiet(quiet_wait_s, log=log)
-  others = machine.OthersCpu().start()
+  others_cpu: list[float] = []
+  deadline = time.monotonic() + quiet_wait_s
   for _ in range(repeats):
+    if quiet_wait_s > 0:  # before every pair: contention spoils a pair, not the median
+      machine.wait_for_quiet(max(0.0, deadline - time.monotonic()), log=log)
     for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
       gc.collect()  # neither side pays for the other's garbage
+      others = machine.OthersCpu().start()
       w, c = time.perf_counter(), time.process_time()
       side.run()
       wall[name].append(time.perf_counter() - w)
       cpu[name].append(time.process_time() - c)
-  others_cpu = others.stop()
+      fraction = others.stop()
+      if fraction is not None:
+        others_cpu.append(fraction)
   load_after = os.getloadavg()
   step_memory = {name: machine.peak_rss_above(functools.partial(side.run, side.batches[:1]))
                  for name, side in sides.items()}
@@ -247,7 +256,9 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
       "torch_threads": threads if hf else None, "cpu_count": os.cpu_count(),
       "hf_attention": sides["hf"].trainer.attention_implementation if hf else None,
       "load_avg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
-      "others_cpu_fraction": None if others_cpu is None else round(others_cpu, 3),
+      # Other processes' share of the CPUs during each timed run: median and worst.
+      "others_cpu_fraction": ([round(_median(others_cpu), 3), round(max(others_cpu), 3)]
+                              if others_cpu else None),
       "wall_s_per_run": {k: [round(x, 3) for x in v] for k, v in wall.items()},
   }
   log(_table(report, wall, tokens_per_run))
@@ -286,7 +297,7 @@ def _table(report: dict, wall: dict, tokens: int) -> str:
   lines.append(f"{report['repeats']} interleaved runs of {tokens} {report['tokens_counted']} "
                f"tokens; padding efficiency {report['padding_efficiency']}; cpu/wall "
                f"{report['cpu_per_wall']}; load {report['load_avg_1m']}, other processes used "
-               f"{report['others_cpu_fraction']} of the CPUs while timing")
+               f"{report['others_cpu_fraction']} (median, max) of the CPUs while timing")
   if report["mfu_t5lite"] is not None:
     lines.append(f"t5lite MFU {100 * report['mfu_t5lite']:.1f}% on {report['device_kind']}")
   return "\n".join(lines)
@@ -311,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--no_hf", action="store_true", help="t5lite only (ratio_vs_hf null)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--quiet_wait_s", type=float, default=0.0,
-                      help="wait up to this long for other processes to leave the CPUs")
+                      help="seconds (in all) to wait, before each pair of runs, for other "
+                      "processes to leave the CPUs; timings on a busy machine favour XLA")
   args = parser.parse_args(argv)
   if min(args.batch_size, args.inputs_length, args.targets_length, args.steps, args.repeats,
          args.threads) < 1:
