@@ -1,0 +1,96 @@
+"""`t5lite eval` and `t5lite infer` on a checkpoint, as users run them (gin run files)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import train_tasks
+from conftest import REPO, tiny
+from t5lite import cli
+from t5lite.data.registry import TaskRegistry
+from t5lite.eval import metrics
+from t5lite.models import decoding
+from t5lite.train.model_dir import load_params
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.trainer import TrainConfig, train
+
+LENGTHS = "{'inputs': 64, 'targets': 16}"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  """A tiny model trained 3 steps on the copy task (whose metrics are then evaluated)."""
+  task = TaskRegistry.get("train_test_copy")
+  object.__setattr__(task, "metric_fns", (metrics.sequence_accuracy, metrics.bleu,
+                                          metrics.mean_log_likelihood))
+  directory = tmp_path_factory.mktemp("run")
+  train(tiny(vocab_size=384), TrainConfig(
+      model_dir=str(directory), train_steps=3, batch_size=8,
+      mixture_or_task_name="train_test_copy", task_feature_lengths={"inputs": 64, "targets": 16},
+      eval_period=0, optimizer=OptimizerConfig(name="adamw")), log=lambda _: None)
+  yield directory
+  object.__setattr__(task, "metric_fns", ())
+
+
+def test_eval_writes_metrics_and_predictions(model_dir, capsys):
+  argv = ["eval", "--gin_file=gin/runs/eval.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
+          "--gin.MIXTURE_OR_TASK_NAME=train_test_copy", f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}",
+          "--gin.EvalConfig.max_examples=10", "--gin.BATCH_SIZE=4"]
+  assert cli.main(argv) == 0
+  assert "checkpoint step 3" in capsys.readouterr().out
+  saved = json.loads((model_dir / "eval" / "metrics-3.json").read_text())
+  assert saved["step"] == 3
+  assert {"eval/train_test_copy/sequence_accuracy", "eval/train_test_copy/bleu",
+          "eval/train_test_copy/mean_log_likelihood"} <= set(saved)
+  records = [json.loads(line) for line in open(model_dir / "eval" / "train_test_copy-3.jsonl")]
+  assert len(records) == 10
+  assert records[0]["inputs"] == train_tasks.documents(64, 1)[0]["text"]
+  # The predictions are the model's own greedy decodes, and the scores its log-likelihoods.
+  model_config, params, _ = load_params(model_dir)
+  first = np.zeros((1, 64), np.int32)
+  ids = np.append(train_tasks.VOCAB.encode(records[0]["inputs"])[:63], 1)
+  first[0, :len(ids)] = ids
+  tokens = decoding.generate(model_config, params, first, max_decode_length=16)
+  assert records[0]["prediction"] == train_tasks.VOCAB.decode(tokens[0].tolist())
+  assert saved["eval/train_test_copy/mean_log_likelihood"] == pytest.approx(
+      np.mean([r["score"] for r in records]))
+  assert all(r["score"] < 0 for r in records)
+
+
+def test_infer_reads_lines_and_jsonl_and_writes_jsonl(model_dir, tmp_path):
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text('alpha beta gamma\n{"inputs": "théta eta"}\n\ndelta\n', encoding="utf-8")
+  out = tmp_path / "out.jsonl"
+  assert cli.main(["infer", "--gin_file=gin/runs/infer.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
+                   f"--gin.INFER_INPUT={inputs}", f"--gin.INFER_OUTPUT={out}",
+                   "--gin.INPUTS_LENGTH=64", "--gin.MAX_DECODE_LENGTH=8",
+                   "--gin.BATCH_SIZE=2"]) == 0
+  records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+  assert [r["inputs"] for r in records] == ["alpha beta gamma", "théta eta", "delta"]
+  assert all(isinstance(r["prediction"], str) for r in records)
+  # The same through stdin and stdout, in a subprocess, as `echo ... | t5lite infer`.
+  result = subprocess.run(
+      [sys.executable, "-m", "t5lite.cli", "infer", "--gin_file=gin/runs/infer.gin",
+       f"--gin.CHECKPOINT_PATH={model_dir}", "--gin.INPUTS_LENGTH=64",
+       "--gin.MAX_DECODE_LENGTH=8", "--gin.BATCH_SIZE=2"],
+      input=inputs.read_text(encoding="utf-8"), capture_output=True, text=True, cwd=REPO,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert [json.loads(line) for line in result.stdout.splitlines()] == records
+  assert "3 inputs decoded" in result.stderr
+
+
+def test_bad_jsonl_line_is_named(model_dir, tmp_path, capsys):
+  inputs = tmp_path / "bad.jsonl"
+  inputs.write_text('{"text": "no inputs field"}\n')
+  assert cli.main(["infer", "--gin_file=gin/runs/infer.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
+                   f"--gin.INFER_INPUT={inputs}"]) == 2
+  assert "bad.jsonl line 1: a JSON object needs an 'inputs' field" in capsys.readouterr().err
+
+
+def test_eval_of_a_task_without_metrics_says_so(model_dir, capsys):
+  assert cli.main(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
+                   "--gin.MIXTURE_OR_TASK_NAME=train_test_sc"]) == 2
+  assert "have no metric_fns" in capsys.readouterr().err
