@@ -23,7 +23,7 @@ PLAIN_VERBS = {
 # Which piece of the stack each missing verb waits for, to say so honestly.
 PENDING = {
     "export": "export",
-    "import": "import", "bench train": "the trainer", "bench decode": "decoding",
+    "import": "import",
     "launch": "multi-host launching",
 }
 GIN_HELP = """gin flags (T5X style):
@@ -84,8 +84,8 @@ def _add_data_verbs(verbs) -> None:
       p.add_argument("--max_examples", type=int, default=1000)
       p.add_argument("--architecture", default="encoder_decoder",
                      choices=("encoder_decoder", "decoder_only", "encoder_only"))
-  bench = verbs.add_parser("bench", help="benchmarks side by side with HF (data now; train and "
-                           "decode arrive with the trainer and decoding)")
+  bench = verbs.add_parser("bench", help="benchmarks side by side with HF: data pipeline, train "
+                           "step, decoding; each ends with one JSON line (ratio_vs_hf)")
   bench.add_argument("what", choices=("data", "train", "decode"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
   plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
@@ -212,11 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "plot":
       from t5lite.train import plot
       return plot.main(args.args)
-    if args.verb == "bench" and args.what == "data":
-      from t5lite.bench import data as data_bench  # needs the embedded corpus, not the model
-      return data_bench.main(args.args)
     if args.verb == "bench":
-      return _not_available(f"bench {args.what}")
+      import importlib  # each benchmark loads only what it measures
+      return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
     return _not_available(args.verb)
   except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
