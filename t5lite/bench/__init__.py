@@ -5,4 +5,6 @@ table and ends with one JSON line of its figures, including `ratio_vs_hf`.
 
   data            span corruption + packing throughput vs HF's FlaxDataCollatorForT5MLM
   hf_t5_collator  the HF side of `data`: a numpy re-implementation of HF's collator
+  decode          greedy and beam decoding throughput vs HF's T5 `generate` on CPU
+  hf_t5_decode    the HF side of `decode`: a random PyTorch T5 and its `generate`
 """

@@ -34,6 +34,7 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from t5lite.bench import hf_t5_decode
@@ -86,6 +87,8 @@ def run(*, config: ModelConfig = BENCH_CONFIG, batch_size: int = 8, inputs_lengt
   with tempfile.TemporaryDirectory() as path:
     model.save_pretrained(path)
     config, params = t5lite.load_hf(path)
+  # In device memory once, as HF's weights sit in torch tensors: no per-call transfer.
+  params = jax.device_put(params)
   hf = hf_t5_decode.HFDecoder(model, num_threads=torch_threads)
   inputs = make_inputs(batch_size, inputs_length, config.vocab_size, seed)
   hf_batch = hf.prepare(inputs)

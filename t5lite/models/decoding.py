@@ -74,6 +74,10 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   """Encoder (once) and prefill for inputs (B, L); every row repeated `copies` times
   (consecutively: rows b*copies .. b*copies + copies - 1, for beam search). Call under jit."""
   inputs = inputs.astype(jnp.int32)
+  longest = max_decode_length + (0 if config.has_encoder else inputs.shape[1] + 1)
+  if config.position_encoding == "learned" and longest > config.max_position_embeddings:
+    raise ValueError(f"decoding reaches position {longest - 1}, past the learned position "
+                     f"table of {config.max_position_embeddings}")
   if config.architecture == "encoder_decoder":
     model = make_model(config, cache_length=max_decode_length)
     encoder_segment_ids = (inputs > 0).astype(jnp.int32)  # the encoder masks padding, as T5X
@@ -133,7 +137,7 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature: float = 0.0
   if temperature == 0.0:
     return greedy_tokens(logits)
   logits = logits.astype(jnp.float32) / temperature
-  if top_k:
+  if 0 < top_k < logits.shape[-1]:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # (B, 1)
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   if top_p < 1.0:
