@@ -35,6 +35,7 @@ setup(
         "sacrebleu>=2.4",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        "tqdm>=4.60",
     ],
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a

@@ -119,3 +119,18 @@ def test_few_shot_prompts_and_metrics(task):
                              max_examples=4, generate_fn=answer)
   assert result.metrics == {"sequence_accuracy": 50.0}  # score metrics are left out
   assert result.predictions[0]["prediction"] == result.predictions[0]["target"]
+
+
+def test_few_shot_runs_a_real_decoder_only_model(task):
+  """The real t5lite.generate behind it: outputs are text, metrics in range (no accuracy
+  claim for an untrained model)."""
+  from t5lite.eval.few_shot import FewShotConfig, few_shot_evaluate
+  from t5lite.models import init_params
+  model = train_tasks.tiny_decoder_only()
+  result = few_shot_evaluate(model, init_params(model, 0), task, FewShotConfig(k=1),
+                             prompt_length=256, decode=DecodeConfig(batch_size=4,
+                                                                    max_decode_length=8),
+                             max_examples=4)
+  assert 0.0 <= result.metrics["sequence_accuracy"] <= 100.0
+  assert len(result.predictions) == 4
+  assert all(isinstance(r["prediction_text"], str) for r in result.predictions)

@@ -88,21 +88,30 @@ T5X_MACROS = ["MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "MIXTURE_OR_TASK_NAME",
 
 
 def test_the_expected_run_files_ship():
-  assert {"gin/runs/pretrain.gin", "gin/runs/finetune.gin", "gin/runs/demo.gin",
-          "gin/runs/demo_finetune.gin"} <= set(RUN_FILES)
+  assert {"gin/runs/pretrain.gin", "gin/runs/finetune.gin", "gin/runs/eval.gin",
+          "gin/runs/infer.gin", "gin/runs/demo.gin", "gin/runs/demo_finetune.gin"} <= set(RUN_FILES)
 
 
 @pytest.mark.parametrize("path", RUN_FILES)
-def test_run_file_builds_a_train_config(path):
+def test_run_file_builds_its_config(path):
   """Every run file, with a model file where it has none and its required macros bound."""
+  from t5lite.eval.run import EvalConfig, InferConfig
+  from t5lite.train.trainer import TrainConfig
+  macro, cls = {"gin/runs/eval.gin": ("EVAL_CONFIG", EvalConfig),
+                "gin/runs/infer.gin": ("INFER_CONFIG", InferConfig)}.get(
+                    path, ("TRAIN_CONFIG", TrainConfig))
   gin_config.parse([path, "gin/models/tiny.gin"], [
       "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'",
-      "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000"])
-  config = gin_config.train_config()
-  assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
-  for macro in T5X_MACROS:  # T5X users' scripts can rely on these names
-    assert gin_config.macro(macro, default=KeyError) is not KeyError, macro
-  assert gin_config.model_config().d_model == 64
+      "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000",
+      "CHECKPOINT_PATH='/tmp/run'"])
+  config = gin_config.run_config(macro, cls, path)
+  if cls is TrainConfig:
+    assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
+    for name in T5X_MACROS:  # T5X users' scripts can rely on these names
+      assert gin_config.macro(name, default=KeyError) is not KeyError, name
+    assert gin_config.model_config().d_model == 64
+  else:
+    assert config.checkpoint_path == "/tmp/run" and config.decode.method == "greedy"
 
 
 def test_finetune_overrides_pretraining_defaults():
