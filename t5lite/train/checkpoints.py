@@ -20,6 +20,7 @@ carry the target shardings; orbax reads each shard where it now belongs.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -185,6 +186,19 @@ def _check_finite_tree(state: Tree, step: int, directory: str) -> None:
                                    f"{jax.tree_util.keystr(path)} holds non-finite values")
 
 
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax warns, when reading a finished run, that its folder is read only and that a step's
+  item has no metadata file of its own: true and expected, so not shown to users."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def _step_state_dir(path: str) -> tuple[str, int]:
   """The `state` folder of a checkpoint and its step, from a MODEL_DIR (its newest committed
   step), a MODEL_DIR/checkpoints folder, or one step folder."""
@@ -195,10 +209,11 @@ def _step_state_dir(path: str) -> tuple[str, int]:
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ folder "
                             "and not a step folder)")
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-      read_only=True, create=False), item_names=("state", "data"))
-  step = manager.latest_step()
-  manager.close()
+  with _quiet_orbax():
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        read_only=True, create=False), item_names=("state", "data"))
+    step = manager.latest_step()
+    manager.close()
   if step is None:
     raise FileNotFoundError(f"{directory} holds no committed checkpoint")
   return os.path.join(directory, str(step), "state"), step
@@ -213,7 +228,8 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
   """
   state_dir, step = _step_state_dir(path)
   checkpointer = ocp.PyTreeCheckpointer()
-  saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
+  with _quiet_orbax():
+    saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
   if saved is None:
     raise ValueError(f"{state_dir} has no params")
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
