@@ -215,3 +215,45 @@ def test_greedy_matches_hf_generate(tmp_path):
   assert np.any(ours == 1)
   np.testing.assert_array_equal(
       ours, hf_generate(model, inputs, 10, do_sample=False, num_beams=1))
+
+
+def reference_beam_search(config, params, inputs, beams, max_len, alpha):
+  """T5X's beam search written plainly, per example, with no cache: every step recomputes
+  the whole decoder for each live beam. Returns the best hypothesis per example."""
+  model = make_model(config)
+  apply = jax.jit(lambda tokens, dec: model.apply({"params": params}, tokens, dec))
+  penalty = lambda length: ((5.0 + length) / 6.0) ** alpha
+  out = np.zeros((len(inputs), max_len), np.int32)
+  for b, x in enumerate(inputs):
+    live, finished = [(0.0, ())], []  # (log-probability, tokens), (score, tokens)
+    for i in range(max_len):
+      dec = np.zeros((len(live), max_len), np.int32)  # start token 0, then the beam's tokens
+      for k, (_, tokens) in enumerate(live):
+        dec[k, 1:i + 1] = tokens
+      logits = np.asarray(apply(np.repeat(x[None], len(live), 0), dec))[:, i]
+      log_probs = np.asarray(jax.nn.log_softmax(logits, -1))
+      candidates = sorted(((lp + log_probs[k, v], tokens + (v,))
+                           for k, (lp, tokens) in enumerate(live)
+                           for v in range(log_probs.shape[1])), key=lambda c: -c[0])[:2 * beams]
+      finished = sorted(finished + [(lp / penalty(i + 1), t) for lp, t in candidates
+                                    if t[-1] == 1], key=lambda c: -c[0])[:beams]
+      live = [(lp, t) for lp, t in candidates if t[-1] != 1][:beams]
+    best = finished[0][1] if finished else live[0][1]
+    out[b, :len(best)] = best
+  return out
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
+def test_beam_search_equals_a_cache_free_reference(alpha):
+  config = CONFIGS["enc_dec_relative_bias"]
+  params = init_params(config, 5)
+  inputs = prompts(10)
+  greedy = t5lite.generate(config, params, inputs, max_decode_length=MAX)
+  # EOS in place of the most frequent greedy token: hypotheses finish at many lengths.
+  counts = np.bincount(greedy.ravel(), minlength=config.vocab_size)
+  counts[:2] = 0  # not pad (a random model may say 0) nor EOS
+  eos_params = with_eos_for(config, params, int(counts.argmax()))
+  ours = t5lite.generate(config, eos_params, inputs, max_decode_length=MAX, method="beam",
+                         num_beams=3, alpha=alpha)
+  np.testing.assert_array_equal(
+      ours, reference_beam_search(config, eos_params, inputs, 3, MAX, alpha))
