@@ -14,6 +14,7 @@
 
 Each command is printed before it runs, so the demo doubles as a walkthrough. Fails (exit 1)
 unless the pretraining loss falls and finetuning lowers the eval loss and raises ROUGE.
+`make demo` runs it with the defaults, in about six minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", default="runs/demo", help="folder of the two MODEL_DIRs "
                       "(emptied first)")
-  parser.add_argument("--steps", type=int, default=300, help="pretraining steps")
-  parser.add_argument("--finetune_steps", type=int, default=200)
+  parser.add_argument("--steps", type=int, default=400, help="pretraining steps")
+  parser.add_argument("--finetune_steps", type=int, default=300)
   args = parser.parse_args(argv)
   pretrain, finetune = os.path.join(args.out, "pretrain"), os.path.join(args.out, "finetune")
   shutil.rmtree(args.out, ignore_errors=True)
