@@ -260,3 +260,23 @@ def test_beam_search_equals_a_cache_free_reference(alpha):
                          num_beams=3, alpha=alpha)
   np.testing.assert_array_equal(
       ours, reference_beam_search(config, eos_params, inputs, 3, MAX, alpha))
+
+
+def test_generate_and_score_inside_a_mesh():
+  """Sharded params (logical axis rules over a data x tensor mesh of fake CPU devices)."""
+  import flax.linen as nn
+  from jax.sharding import AxisType
+  from t5lite.models import param_logical_axes
+  config = CONFIGS["enc_dec_relative_bias"]
+  params = init_params(config, 6)
+  inputs = prompts(11, batch=4)
+  expected = t5lite.generate(config, params, inputs, max_decode_length=MAX, method="beam")
+  mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+  rules = (("batch", "data"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
+  sharded = jax.device_put(params, nn.logical_to_mesh_sharding(param_logical_axes(config),
+                                                               mesh, rules))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    out = t5lite.generate(config, sharded, inputs, max_decode_length=MAX, method="beam")
+    scores = decoding.score(config, sharded, inputs, out)
+  np.testing.assert_array_equal(out, expected)
+  np.testing.assert_allclose(scores, decoding.score(config, params, inputs, out), rtol=1e-5)

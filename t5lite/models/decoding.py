@@ -104,10 +104,10 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   model = make_model(config, cache_length=length + max_decode_length)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
   causal = (positions < lengths[:, None]).astype(jnp.int32) if config.prefix_lm else None
+  # Logits only after each row's last prompt token (later positions saw padding).
   logits, mutated = model.apply({"params": params}, tokens, None, positions, causal,
-                                mutable=["cache"])  # (B, 1 + L, V)
-  # The prediction after each row's last prompt token (later positions saw padding).
-  logits = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+                                logits_at=lengths - 1, mutable=["cache"])  # (B, 1, V)
+  logits = logits[:, 0]
 
   def step(cache, tokens, positions):
     logits, mutated = model.apply({"params": params, "cache": cache}, tokens[:, None], None,

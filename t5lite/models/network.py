@@ -73,7 +73,7 @@ class EncoderDecoder(_Model):
 
 class DecoderOnly(_Model):
   """GPT-style LM; with config.prefix_lm, `decoder_causal_attention` (1 on the prefix)
-  makes the prefix bidirectional. Returns logits (B, L, V)."""
+  makes the prefix bidirectional. Returns logits (B, L, V), or (B, 1, V) at logits_at (B,)."""
 
   def setup(self):
     self.token_embedder = self._embedder()
@@ -81,7 +81,7 @@ class DecoderOnly(_Model):
                            self.cache_length)
 
   def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
-               decoder_causal_attention=None):
+               decoder_causal_attention=None, logits_at=None):
     # Decoding steps after a prefix-LM prompt are plain causal: no decoder_causal_attention.
     if self.config.prefix_lm and decoder_causal_attention is None and not self.cache_length:
       raise ValueError("a prefix_lm model needs decoder_causal_attention (1 on prefix positions)")
@@ -90,7 +90,7 @@ class DecoderOnly(_Model):
     segment_ids, positions = _decoder_defaults(decoder_input_tokens, decoder_segment_ids,
                                                decoder_positions)
     return self.decoder(decoder_input_tokens, segment_ids, positions,
-                        causal_attention=decoder_causal_attention)
+                        causal_attention=decoder_causal_attention, logits_at=logits_at)
 
 
 class EncoderOnly(_Model):

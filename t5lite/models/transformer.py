@@ -151,7 +151,9 @@ class Decoder(_Stack):
 
   @nn.compact
   def __call__(self, tokens, segment_ids, positions, encoded=None, encoder_segment_ids=None,
-               causal_attention=None):
+               causal_attention=None, logits_at=None):
+    """logits_at (B,) int, optional: logits of only that position per row, (B, 1, V) (a
+    decoding prefill needs just each prompt's last one)."""
     cfg = self.config
     length = tokens.shape[1]
     x = self.embed(tokens, positions)
@@ -173,7 +175,10 @@ class Decoder(_Stack):
       cross_bias = mask_to_bias(segment_mask(segment_ids, encoder_segment_ids))  # (B, 1, L, S)
       x = run_layers(DecoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
                      self_bias, positions, encoded, cross_bias, **layers)
-    return LogitsHead(cfg, self.embedder, name="logits_dense")(self.finish(x, "decoder_norm"))
+    x = self.finish(x, "decoder_norm")
+    if logits_at is not None:
+      x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # (B, 1, D)
+    return LogitsHead(cfg, self.embedder, name="logits_dense")(x)
 
 
 class LogitsHead(nn.Module):
