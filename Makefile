@@ -26,7 +26,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m t5lite.demo --out runs/demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=25
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache

@@ -21,7 +21,7 @@ from t5lite.train import checkpoints as ckpt_lib
 from t5lite.train.model_dir import load_model_config
 from t5lite.train.trainer import Trainer, TrainConfig
 
-STEPS = 200  # enough that a subprocess is still training when the test interrupts it
+STEPS = 120  # enough that a subprocess is still training when the test interrupts it
 RUN_GIN = f"""
 include 'runs/pretrain.gin'
 include 'models/tiny.gin'
