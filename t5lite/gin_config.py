@@ -45,13 +45,34 @@ def shipped_gin_files() -> list[str]:
 
 
 def resolve_gin_file(path: str) -> str:
-  """A gin file as given, or relative to the repo root or gin/; else an error with near names."""
+  """A gin file as given, or relative to the repo root or gin/, as an absolute path (gin reads
+  an absolute path directly); else an error with near names."""
   for candidate in (pathlib.Path(path), REPO_GIN_DIR.parent / path, REPO_GIN_DIR / path):
     if candidate.is_file():
-      return str(candidate)
+      return str(candidate.resolve())
   near = difflib.get_close_matches(path, shipped_gin_files(), n=3, cutoff=0.5)
-  hint = f"; did you mean {', '.join(near)}?" if near else f"; shipped files: gin/models/..., gin/runs/..."
+  hint = f"; did you mean {', '.join(near)}?" if near else "; shipped files: gin/models/..., gin/runs/..."
   raise GinConfigError(f"gin file {path!r} not found{hint}")
+
+
+def _search_repo_gin_first() -> None:
+  """Makes `include 'runs/pretrain.gin'` find the repo's gin/ before anything else.
+
+  gin tries each search path in order, the current folder first, and with each path asks its
+  readers in turn; its package-resource reader takes 'runs/pretrain.gin' as package `runs`,
+  and crashes (TypeError) when the current folder holds a plain folder of that name (say the
+  demo's runs/ output, or a models/ folder), which Python sees as a namespace package. With
+  the repo's gin/ tried first, shipped includes resolve before that reader is ever asked;
+  other relative includes still resolve against the current folder next.
+  """
+  prefixes = getattr(gin.config, "_LOCATION_PREFIXES", None)
+  repo = str(REPO_GIN_DIR)
+  if isinstance(prefixes, list):  # gin-config's search path list (0.5.x)
+    if repo in prefixes:
+      prefixes.remove(repo)
+    prefixes.insert(0, repo)
+  else:
+    gin.add_config_file_search_path(repo)
 
 
 def _explain(error: Exception) -> str:
@@ -94,7 +115,7 @@ def parse(gin_files: list[str] = (), bindings: list[str] = (), *, clear: bool = 
   """Parses gin files, then NAME=VALUE bindings (later ones win), raising GinConfigError."""
   if clear:
     gin.clear_config()
-  gin.add_config_file_search_path(str(REPO_GIN_DIR))
+  _search_repo_gin_first()
   quiet = _QuietMissingPaths()
   logging.getLogger().addFilter(quiet)
   try:

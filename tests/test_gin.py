@@ -122,3 +122,16 @@ def test_finetune_overrides_pretraining_defaults():
   assert config.dropout_rate == 0.1 and config.optimizer.schedule.name == "constant"
   assert config.optimizer.schedule.value == 1e-3 and config.initial_checkpoint_path == "/tmp/pre"
   assert config.task_feature_lengths == {"inputs": 512, "targets": 128}
+
+
+def test_shipped_includes_resolve_beside_folders_named_like_them(tmp_path, monkeypatch):
+  """A runs/ or models/ folder in the current folder (the demo writes runs/) is a namespace
+  package to Python; gin's package reader used to crash on `include 'runs/pretrain.gin'`."""
+  for name in ("runs", "models"):
+    (tmp_path / name).mkdir()
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))  # `python -m t5lite.cli` puts the cwd first
+  gin_config.parse(["gin/runs/demo_finetune.gin"], ["MODEL_DIR='/tmp/x'",
+                                                   "INITIAL_CHECKPOINT_PATH='/tmp/y'"])
+  assert gin_config.train_config().mixture_or_task_name == "stdlib_docstring_summary"
+  assert gin_config.model_config().d_model == 128
