@@ -14,7 +14,7 @@
 
 Each command is printed before it runs, so the demo doubles as a walkthrough. Fails (exit 1)
 unless the pretraining loss falls and finetuning lowers the eval loss and raises ROUGE.
-`make demo` runs it with the defaults, in about six minutes on 2 cores.
+`make demo` runs it with the defaults, in about four minutes on 2 quiet cores.
 """
 from __future__ import annotations
 
