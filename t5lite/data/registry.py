@@ -196,6 +196,21 @@ def get_mixture_or_task(name: str) -> Task | Mixture:
   raise KeyError(f"unknown task or mixture {name!r}{hint}")
 
 
+def tasks_of(names: str | Sequence[str]) -> list[Task]:
+  """The tasks of task and mixture names, in order, each once (mixtures flattened).
+
+  Example: tasks_of(["glue_v002", "squad"]) -> [cola, sst2, ..., squad].
+  """
+  names = [names] if isinstance(names, str) else list(names)
+  tasks: list[Task] = []
+  for name in names:
+    item = get_mixture_or_task(name)
+    for task in [t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]:
+      if task not in tasks:
+        tasks.append(task)
+  return tasks
+
+
 def add_task(name: str, source, output_features, preprocessors=(), **kwargs) -> Task:
   """Creates and registers a Task."""
   return TaskRegistry.add(Task(name, source, output_features, tuple(preprocessors), **kwargs))

@@ -98,6 +98,17 @@ def pad_rows(rows: Sequence[np.ndarray], length: int, num_rows: int) -> np.ndarr
   return out
 
 
+def feature_text(example: Mapping, name: str, vocab=None) -> str:
+  """An example's `name` feature as text: its `<name>_pretokenized` copy (what `tokenize`
+  keeps), else its tokens decoded with `vocab`."""
+  text = example.get(f"{name}_pretokenized")
+  if text is not None:
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+  if vocab is None:
+    raise ValueError(f"example has no {name}_pretokenized text (keep `tokenize`'s copy)")
+  return vocab.decode(np.asarray(example[name]).tolist())
+
+
 def postprocess(task: Task, text: str, example: Mapping, is_target: bool):
   if task.postprocess_fn is None:
     return text
@@ -121,15 +132,8 @@ class TaskEvaluator:
       raise ValueError(f"task {task.name!r} split {split!r} has no examples after preprocessing")
     self.kinds = {getattr(fn, "__name__", repr(fn)): metric_kind(fn) for fn in task.metric_fns}
     vocab = task.output_features["targets"].vocabulary
-    self.targets = [postprocess(task, self._target_text(ex, vocab), ex, True)
+    self.targets = [postprocess(task, feature_text(ex, "targets", vocab), ex, True)
                     for ex in self.examples]
-
-  @staticmethod
-  def _target_text(example: Mapping, vocab) -> str:
-    if "targets_pretokenized" in example:
-      text = example["targets_pretokenized"]
-      return text.decode("utf-8") if isinstance(text, bytes) else str(text)
-    return vocab.decode(np.asarray(example["targets"]).tolist())
 
   def _batches(self, batch_size: int):
     for start in range(0, len(self.examples), batch_size):
@@ -171,7 +175,8 @@ class TaskEvaluator:
     """Every metric fn of the task on these examples; decodes / scores only when needed."""
     vocab = self.task.output_features["targets"].vocabulary
     kinds = set(self.kinds.values())
-    records = [{"inputs": self._input_text(ex), "target": t}
+    inputs_vocab = self.task.output_features["inputs"].vocabulary
+    records = [{"inputs": feature_text(ex, "inputs", inputs_vocab), "target": t}
                for ex, t in zip(self.examples, self.targets)]
     predictions = scores = None
     if "predict" in kinds or not kinds:
@@ -190,13 +195,6 @@ class TaskEvaluator:
       given = predictions if metric_kind(fn) == "predict" else scores
       metrics.update({k: float(v) for k, v in fn(self.targets, given).items()})
     return EvalResult(metrics=metrics, predictions=[jsonable(r) for r in records])
-
-  def _input_text(self, example: Mapping) -> str:
-    if "inputs_pretokenized" in example:
-      text = example["inputs_pretokenized"]
-      return text.decode("utf-8") if isinstance(text, bytes) else str(text)
-    vocab = self.task.output_features["inputs"].vocabulary
-    return vocab.decode(np.asarray(example["inputs"]).tolist())
 
 
 def jsonable(value):

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from t5lite.data.pipeline import PipelineConfig, task_row_dataset
 from t5lite.data.registry import Task
-from t5lite.eval.evaluator import (DecodeConfig, EvalResult, jsonable, metric_kind, pad_rows,
-                                   postprocess)
+from t5lite.eval.evaluator import (DecodeConfig, EvalResult, feature_text, jsonable, metric_kind,
+                                   pad_rows, postprocess)
 
 Tree = Any
 
@@ -40,11 +40,6 @@ class FewShotConfig:
   """Between examples; a prediction ends at its first occurrence."""
   seed: int = 0
   """Which train examples each prompt shows."""
-
-
-def _text(example: Mapping, name: str) -> str:
-  text = example[f"{name}_pretokenized"]
-  return text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
 
 def _examples(task: Task, split: str, limit: int | None) -> list[dict]:
@@ -73,9 +68,9 @@ def build_prompts(task: Task, config: FewShotConfig = FewShotConfig(), *,
   for index, example in enumerate(queries):
     rng = np.random.default_rng([config.seed, index])
     chosen = rng.choice(len(shots), size=config.k, replace=False)
-    demos = [config.template.format(inputs=_text(shots[i], "inputs"),
-                                    targets=_text(shots[i], "targets")) for i in chosen]
-    query = head.format(inputs=_text(example, "inputs")).rstrip()
+    demos = [config.template.format(inputs=feature_text(shots[i], "inputs"),
+                                    targets=feature_text(shots[i], "targets")) for i in chosen]
+    query = head.format(inputs=feature_text(example, "inputs")).rstrip()
     prompts.append(config.separator.join(demos + [query]))
   return prompts, queries
 
@@ -106,7 +101,7 @@ def few_shot_evaluate(model_config, params: Tree, task: Task, config: FewShotCon
     texts.extend(vocab.decode(t.tolist()) for t in tokens[:len(rows) - start])
   answers = [t.split(config.separator)[0].strip() for t in texts]
   predictions = [postprocess(task, a, ex, False) for a, ex in zip(answers, examples)]
-  targets = [postprocess(task, _text(ex, "targets"), ex, True) for ex in examples]
+  targets = [postprocess(task, feature_text(ex, "targets"), ex, True) for ex in examples]
   metrics: dict[str, float] = {}
   for fn in task.metric_fns:
     if metric_kind(fn) == "predict":  # score metrics need no prompt: use TaskEvaluator

@@ -21,7 +21,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
 from t5lite.train.metrics_writer import MetricsWriter
 
@@ -60,18 +60,6 @@ class InferConfig:
       default_factory=lambda: DecodeConfig(max_decode_length=128))
 
 
-def expand_tasks(names: str | Sequence[str]) -> list:
-  """Tasks of the given task and mixture names, in order, each once."""
-  names = [names] if isinstance(names, str) else list(names)
-  tasks = []
-  for name in names:
-    item = get_mixture_or_task(name)
-    for task in ([t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]):
-      if task not in tasks:
-        tasks.append(task)
-  return tasks
-
-
 def _write_jsonl(path: str, records) -> None:
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     for record in records:
@@ -83,7 +71,7 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
   from t5lite.train import partitioning as part
   from t5lite.train.model_dir import load_params, model_dir_of
-  tasks = expand_tasks(config.mixture_or_task_name)
+  tasks = tasks_of(config.mixture_or_task_name)
   no_metrics = [t.name for t in tasks if not t.metric_fns]
   if no_metrics:
     raise ValueError(f"tasks {no_metrics} have no metric_fns to evaluate")

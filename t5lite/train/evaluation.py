@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import jax
 
-from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import TaskEvaluator
 from t5lite.train import model_dir as model_dir_lib
 from t5lite.train import partitioning as part
@@ -20,9 +20,8 @@ Tree = Any
 
 
 def eval_tasks(name: str, split: str) -> list:
-  item = get_mixture_or_task(name)
-  tasks = [t for t, _ in item.task_rates()] if isinstance(item, Mixture) else [item]
-  return [t for t in tasks if not t.splits or split in t.splits]
+  """The run's tasks that have `split` (or take any split)."""
+  return [t for t in tasks_of(name) if not t.splits or split in t.splits]
 
 
 def host_scalars(metrics: Mapping[str, jax.Array]) -> dict[str, float]:

@@ -194,6 +194,13 @@ def init_sharded(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules,
   return jax.jit(functools.partial(init_params, model_config), out_shardings=shardings)(rng)
 
 
+def abstract_sharded(tree: Tree, shardings: Tree) -> Tree:
+  """jax.ShapeDtypeStructs of `tree`'s leaves carrying `shardings`: restore targets that say
+  where each array goes (orbax reads every shard onto its device)."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
 def _fit_spec(mesh: Mesh, entries: Sequence, shape: Sequence[int]) -> tuple:
   """Spec entries with any entry that does not divide its dimension replaced by None."""
   return tuple(e if size % _axis_size(mesh, e) == 0 else None for e, size in zip(entries, shape))

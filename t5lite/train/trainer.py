@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.data.describe import converter_for
 from t5lite.data.pipeline import PipelineConfig, get_dataset
-from t5lite.data.registry import Mixture, get_mixture_or_task
+from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import abstract_params, init_params, param_logical_axes
@@ -149,15 +149,9 @@ class _Preemption:
 
 def task_vocabulary(name: str):
   """The targets vocabulary of a task, or of a mixture's first task."""
-  item = get_mixture_or_task(name)
-  task = item.task_rates()[0][0] if isinstance(item, Mixture) else item
+  task = tasks_of(name)[0]
   feature = task.output_features.get("targets") or next(iter(task.output_features.values()))
   return feature.vocabulary
-
-
-def _abstract(tree: Tree, shardings: Tree) -> Tree:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
 
 
 class Trainer:
@@ -181,8 +175,8 @@ class Trainer:
     self.state_shardings = TrainState(
         step=NamedSharding(self.mesh, P()), params=self.param_shardings,
         opt_state=part.state_shardings(abstract_state.opt_state, self.param_shardings, params))
-    self.abstract_state = _abstract(abstract_state, self.state_shardings)
-    self.abstract_params = _abstract(params, self.param_shardings)
+    self.abstract_state = part.abstract_sharded(abstract_state, self.state_shardings)
+    self.abstract_params = part.abstract_sharded(params, self.param_shardings)
     batch_sharding = part.batch_sharding(self.mesh)
     self.step_fn = jax.jit(
         functools.partial(train_step, model_config=model_config, optimizer=self.optimizer,
