@@ -29,6 +29,7 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # load_hf overrides may change how a model runs, never what it is.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "dropout_rate")
 
@@ -211,15 +212,54 @@ def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
   tensors = {}
   for path in paths:
     # weights_only=True: tensors and plain containers only, never arbitrary unpickling.
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    tensors.update({k: _torch_to_numpy(v) for k, v in state.items()})
+    try:
+      state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated zip, or a pickle that needs more than tensors
+      raise ValueError(f"{path} cannot be read as a weights-only torch checkpoint: "
+                       f"{type(e).__name__}: {e}") from e
+    tensors.update(_check_dtypes({k: _torch_to_numpy(v) for k, v in state.items()}, path))
   return tensors
 
 
 def _index_shards(index_path: str) -> list[str]:
-  with open(index_path) as f:
-    shards = sorted(set(json.load(f)["weight_map"].values()))
-  return [os.path.join(os.path.dirname(index_path), shard) for shard in shards]
+  """The shard files an index names; each must be a plain file name beside the index, so an
+  untrusted index cannot point reads outside its directory."""
+  try:
+    with open(index_path, encoding="utf-8") as f:
+      weight_map = json.load(f)["weight_map"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{index_path}: not a valid weight index ({type(e).__name__}: {e})") from e
+  directory = os.path.dirname(os.path.abspath(index_path))
+  shards = []
+  for shard in sorted(set(weight_map.values())):
+    path = os.path.join(directory, str(shard))
+    if (os.path.basename(str(shard)) != shard or
+        os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory)):
+      raise ValueError(f"{index_path} names shard {shard!r} outside its directory; refused")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{index_path} names shard {shard}, which is missing")
+    shards.append(path)
+  return shards
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """One safetensors file; a truncated or corrupted one gives an error naming it. The format
+  holds only a JSON header and raw arrays (no code), and the library checks every offset."""
+  try:
+    tensors = safetensors.numpy.load_file(path)
+  except Exception as e:  # safetensors raises its own SafetensorError and OSErrors
+    raise ValueError(f"{path} cannot be read (truncated or corrupted?): "
+                     f"{type(e).__name__}: {e}") from e
+  return _check_dtypes(tensors, path)
+
+
+def _check_dtypes(tensors: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
+  bad = {k: str(v.dtype) for k, v in tensors.items() if str(v.dtype) not in FLOAT_DTYPES}
+  if bad:
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    raise ValueError(f"{path}: T5 weights are floating point; these are not: "
+                     f"{dict(list(bad.items())[:5])}{more}")
+  return tensors
 
 
 def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
@@ -228,11 +268,11 @@ def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
   candidates = {name: os.path.join(path, name) for name in
                 (WEIGHTS_FILE, INDEX_FILE, TORCH_FILE, TORCH_INDEX_FILE)}
   if os.path.exists(candidates[WEIGHTS_FILE]):
-    return safetensors.numpy.load_file(candidates[WEIGHTS_FILE])
+    return _read_safetensors(candidates[WEIGHTS_FILE])
   if os.path.exists(candidates[INDEX_FILE]):
     tensors = {}
     for shard in _index_shards(candidates[INDEX_FILE]):
-      tensors.update(safetensors.numpy.load_file(shard))
+      tensors.update(_read_safetensors(shard))
     return tensors
   if os.path.exists(candidates[TORCH_FILE]):
     return _read_torch_files([candidates[TORCH_FILE]])
@@ -268,12 +308,39 @@ def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
   return config, params_from_hf(config, tensors)
 
 
-def save_hf(config: ModelConfig, params: Params, path: str) -> None:
+def save_hf(config: ModelConfig, params: Params, path: str, *,
+            max_shard_bytes: int | None = None) -> list[str]:
   """Writes config.json and model.safetensors that transformers loads with no missing,
-  unexpected or mismatched weights."""
+  unexpected or mismatched weights; returns the file names written.
+
+  Over max_shard_bytes (None: never) the weights go into model-0000i-of-0000n.safetensors
+  shards with a model.safetensors.index.json, as transformers' save_pretrained shards them.
+  """
   hf_config = config_to_hf(config)
   os.makedirs(path, exist_ok=True)
   tensors = params_to_hf(config, params)
-  safetensors.numpy.save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+  shards = _split(tensors, max_shard_bytes)
+  names = ([WEIGHTS_FILE] if len(shards) == 1 else
+           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+  for name, shard in zip(names, shards):
+    safetensors.numpy.save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+  if len(shards) > 1:
+    index = {"metadata": {"total_size": sum(int(v.nbytes) for v in tensors.values())},
+             "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+      json.dump(index, f, indent=2, sort_keys=True)
+    names.append(INDEX_FILE)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
+  return ["config.json"] + names
+
+
+def _split(tensors: dict[str, np.ndarray], max_bytes: int | None) -> list[dict[str, np.ndarray]]:
+  """Tensors in order, cut into groups of at most max_bytes (a bigger tensor goes alone)."""
+  shards, size = [{}], 0
+  for name, tensor in tensors.items():
+    if max_bytes is not None and shards[-1] and size + tensor.nbytes > max_bytes:
+      shards, size = shards + [{}], 0
+    shards[-1][name] = tensor
+    size += tensor.nbytes
+  return shards

@@ -1,0 +1,112 @@
+"""`t5lite export hf | params | serving`: a t5lite checkpoint out to other formats.
+
+  t5lite export hf --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--max_shard_size 5GB]
+  t5lite export params --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--dtype bfloat16]
+  t5lite export serving --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR   (see --help)
+
+A MODEL_DIR means its newest checkpoint. Nothing is written into a non-empty --out.
+Each export ends with one JSON line saying what it wrote.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import warnings
+
+FORMATS = {
+    "hf": "HF transformers T5: config.json, model.safetensors, spiece.model, tokenizer.json",
+    "params": "a params-only MODEL_DIR (no optimizer or data state), optionally cast to bf16",
+    "serving": "a jax.export artifact (encode + decode) with params and vocabulary",
+}
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30}
+
+
+def main(argv: list[str]) -> int:
+  if not argv or argv[0] not in FORMATS:
+    asked = bool(argv) and argv[0] in ("-h", "--help")
+    print(__doc__ + "\nformats:\n" + "\n".join(f"  {k:8s} {v}" for k, v in FORMATS.items()),
+          file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else 2
+  fmt, rest = argv[0], argv[1:]
+  if fmt == "serving":
+    from t5lite.export import serving
+    return serving.main(rest)
+  args = _parser(fmt).parse_args(rest)
+  _check_empty(args.out)
+  summary = export_hf(args.checkpoint, args.out, max_shard_bytes=args.max_shard_size,
+                      dtype=args.dtype) if fmt == "hf" else export_params(
+                          args.checkpoint, args.out, dtype=args.dtype)
+  print(json.dumps(summary))
+  return 0
+
+
+def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
+              dtype: str | None = None) -> dict:
+  """An HF T5 directory from a t5lite checkpoint: weights, config and tokenizer files."""
+  from t5lite.export import hf, hf_tokenizer, params_only
+  config, params, step, vocabulary = _load(checkpoint)
+  params = params_only.cast_params(params, dtype)
+  files = hf.save_hf(config, params, out, max_shard_bytes=max_shard_bytes)
+  if vocabulary is not None:
+    files += hf_tokenizer.write_hf_tokenizer(vocabulary, out)
+  return {"export": "hf", "step": step, "out": os.path.abspath(out), "files": sorted(files)}
+
+
+def export_params(checkpoint: str, out: str, *, dtype: str | None = None) -> dict:
+  """A params-only MODEL_DIR: what eval, infer, export and finetuning read, a fraction of a
+  training checkpoint's size (Adam keeps two moments per param; Adafactor less)."""
+  from t5lite.export import params_only
+  config, params, step, vocabulary = _load(checkpoint)
+  params = params_only.cast_params(params, dtype)
+  if dtype is not None:
+    config = config.replace(param_dtype=dtype)
+  path = params_only.write_model_dir(out, config, params, step=step, vocabulary=vocabulary)
+  return {"export": "params", "step": step, "out": os.path.abspath(out), "checkpoint": path,
+          "param_dtype": config.param_dtype}
+
+
+def _load(checkpoint: str):
+  """(config, params as numpy, step, vocabulary or None) of a t5lite checkpoint."""
+  import jax
+
+  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.train import model_dir
+  config, params, step = model_dir.load_params(checkpoint)
+  try:
+    vocabulary = load_vocabulary(model_dir.model_dir_of(checkpoint))
+  except FileNotFoundError:
+    warnings.warn(f"{model_dir.model_dir_of(checkpoint)} holds no vocabulary; exporting the "
+                  "weights without tokenizer files")
+    vocabulary = None
+  return config, jax.device_get(params), step, vocabulary
+
+
+def _check_empty(out: str) -> None:
+  if os.path.isdir(out) and os.listdir(out):
+    raise FileExistsError(f"--out {out} is not empty; choose a new folder (nothing was written)")
+
+
+def _size(text: str) -> int:
+  """'5GB' -> 5_000_000_000 (decimal units like transformers; KiB/MiB/GiB are binary)."""
+  match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+  if not match or match.group(2).upper() not in UNITS:
+    raise argparse.ArgumentTypeError(f"expected a size like 5GB or 500MB, got {text!r}")
+  return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+
+
+def _parser(fmt: str) -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog=f"t5lite export {fmt}", description=FORMATS[fmt])
+  parser.add_argument("--checkpoint", required=True,
+                      help="a MODEL_DIR (its newest step) or MODEL_DIR/checkpoints/STEP")
+  parser.add_argument("--out", required=True, help="a new or empty folder")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                      help="cast the weights (default: keep the checkpoint's dtype)")
+  if fmt == "hf":
+    parser.add_argument("--max_shard_size", type=_size, default=_size("5GB"),
+                        help="split model.safetensors into shards of at most this size "
+                        "(default 5GB, as transformers)")
+  return parser

@@ -1,0 +1,161 @@
+"""A t5lite vocabulary as HF tokenizer files that encode exactly like it.
+
+transformers builds a T5 tokenizer from `spiece.model` through a converter that drops
+sentencepiece's byte fallback (REFERENCE §7): a character outside the pieces becomes <unk>
+instead of its UTF-8 bytes. So besides `spiece.model` we write `tokenizer.json` ourselves,
+straight from the model proto, in the `tokenizers` library's documented JSON format:
+
+  normalizer     the model's precompiled charsmap (NFKC for T5's own), extra-space removal,
+                 then one '▁' prepended and spaces made '▁', over the whole text at once
+  pre_tokenizer  Metaspace without prepending: words split before each '▁'
+                 (sentencepiece's split_by_whitespace)
+  model          Unigram (piece, score) table with byte_fallback, or BPE with merges
+  post_processor `$A </s>`: HF's T5 tokenizers append EOS (t5lite's encode does not;
+                 seqio appends it in a preprocessor)
+  added_tokens   <pad> </s> <unk> and the <extra_id_N> sentinels, matched in the normalized
+                 text as sentencepiece matches user-defined pieces
+
+The dummy prefix is a normalizer step, not Metaspace's prepend_scheme, because Metaspace adds
+no '▁' to text that already starts with one ("  x" would lose a space), and prepending per
+added-token split would add one after every sentinel. Saved with tokenizer_class
+"PreTrainedTokenizerFast", which loads tokenizer.json as it is: transformers 5's T5Tokenizer
+would rebuild the pipeline around our vocabulary with byte fallback off.
+
+One known difference: a sentinel typed as text ("a <extra_id_0> b") loses the '▁' that
+sentencepiece puts before it, as in HF's own T5 tokenizers; real text and sentinel ids
+appended as ids (how span corruption makes them) encode identically.
+
+A ByteVocabulary is ByT5's layout, which transformers' ByT5Tokenizer reproduces by itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+
+from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
+
+SPACE = "\u2581"  # '▁', sentencepiece's visible space
+Piece = spm_pb2.ModelProto.SentencePiece
+SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+def write_hf_tokenizer(vocabulary: Vocabulary, out: str, *, model_max_length: int = 512) -> list[str]:
+  """Writes the tokenizer files of `vocabulary` into `out`; returns the file names."""
+  extras = [f"<extra_id_{i}>" for i in range(vocabulary.extra_ids)]
+  config = {**SPECIAL_TOKENS, "extra_ids": vocabulary.extra_ids,
+            "additional_special_tokens": extras, "model_max_length": model_max_length}
+  if isinstance(vocabulary, SentencePieceVocabulary):
+    files = {"spiece.model": vocabulary.serialized_model,
+             "tokenizer.json": json.dumps(tokenizer_json(vocabulary), ensure_ascii=False)}
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+  elif isinstance(vocabulary, ByteVocabulary):
+    files = {}
+    config["tokenizer_class"] = "ByT5Tokenizer"
+  else:
+    raise ValueError(f"{type(vocabulary).__name__} has no HF tokenizer equivalent")
+  files["tokenizer_config.json"] = json.dumps(config, indent=2)
+  files["special_tokens_map.json"] = json.dumps(
+      {**SPECIAL_TOKENS, "additional_special_tokens": extras}, indent=2)
+  for name, content in files.items():
+    mode = "wb" if isinstance(content, bytes) else "w"
+    with open(os.path.join(out, name), mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+      f.write(content)
+  return sorted(files)
+
+
+def tokenizer_json(vocabulary: SentencePieceVocabulary) -> dict:
+  """The tokenizers-library JSON of a sentencepiece vocabulary, extra ids included."""
+  proto = spm_pb2.ModelProto()
+  proto.ParseFromString(vocabulary.serialized_model)
+  trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+  if not trainer.split_by_whitespace:
+    raise ValueError("sentencepiece models trained with split_by_whitespace=false have no "
+                     "tokenizer.json equivalent (HF's Metaspace always splits at spaces)")
+  base = len(proto.pieces)
+  extras = [(base + vocabulary.extra_ids - 1 - i, f"<extra_id_{i}>")
+            for i in range(vocabulary.extra_ids)]
+  added = [(i, p.piece) for i, p in enumerate(proto.pieces)
+           if p.type in (Piece.CONTROL, Piece.UNKNOWN, Piece.USER_DEFINED)]
+  return {
+      "version": "1.0",
+      "truncation": None,
+      "padding": None,
+      "added_tokens": [_added_token(i, text) for i, text in sorted(added + extras)],
+      "normalizer": _normalizer(normalizer),
+      "pre_tokenizer": {"type": "Metaspace", "replacement": SPACE, "split": True,
+                        "prepend_scheme": "never"},
+      "post_processor": {
+          "type": "TemplateProcessing",
+          "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+          "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                   {"Sequence": {"id": "B", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+          "special_tokens": {"</s>": {"id": "</s>", "ids": [vocabulary.eos_id],
+                                      "tokens": ["</s>"]}},
+      },
+      "decoder": {"type": "Sequence", "decoders": [
+          {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+          {"type": "ByteFallback"},
+          {"type": "Fuse"},
+          *([{"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+            if normalizer.add_dummy_prefix else []),
+      ]},
+      "model": _model(proto, extras),
+  }
+
+
+def _added_token(i: int, text: str) -> dict:
+  return {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": True, "special": True}
+
+
+def _normalizer(spec) -> dict:
+  steps = []
+  if spec.precompiled_charsmap:
+    import base64
+    steps.append({"type": "Precompiled",
+                  "precompiled_charsmap": base64.b64encode(spec.precompiled_charsmap).decode()})
+  if spec.remove_extra_whitespaces:
+    # sentencepiece strips leading/trailing spaces and squeezes runs of them to one.
+    steps += [{"type": "Strip", "strip_left": True, "strip_right": True},
+              {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]
+  if spec.add_dummy_prefix:
+    steps.append({"type": "Prepend", "prepend": SPACE})
+  steps.append({"type": "Replace", "pattern": {"String": " "}, "content": SPACE})
+  return {"type": "Sequence", "normalizers": steps}
+
+
+def _model(proto, extras: list[tuple[int, str]]) -> dict:
+  trainer = proto.trainer_spec
+  pieces = [(p.piece, p.score) for p in proto.pieces] + [(text, 0.0) for _, text in
+                                                         sorted(extras)]
+  if trainer.model_type == spm_pb2.TrainerSpec.UNIGRAM:
+    return {"type": "Unigram", "unk_id": trainer.unk_id, "vocab": [list(p) for p in pieces],
+            "byte_fallback": trainer.byte_fallback}
+  if trainer.model_type == spm_pb2.TrainerSpec.BPE:
+    vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+    return {"type": "BPE", "dropout": None, "unk_token": proto.pieces[trainer.unk_id].piece,
+            "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+            "byte_fallback": trainer.byte_fallback, "ignore_merges": False, "vocab": vocab,
+            "merges": _bpe_merges(proto, vocab)}
+  raise ValueError(f"sentencepiece model_type {spm_pb2.TrainerSpec.ModelType.Name(trainer.model_type)} "
+                   "has no tokenizer.json equivalent; export UNIGRAM or BPE models")
+
+
+def _bpe_merges(proto, vocab: dict[str, int]) -> list[list[str]]:
+  """BPE merges in sentencepiece's priority order (by piece score, best first): every way of
+  splitting a normal piece into two known pieces, as transformers' converter derives them."""
+  merges = []
+  for piece in proto.pieces:
+    if piece.type != Piece.NORMAL or len(piece.piece) < 2:
+      continue
+    for cut in range(1, len(piece.piece)):
+      left, right = piece.piece[:cut], piece.piece[cut:]
+      if left in vocab and right in vocab:
+        merges.append((vocab[left], vocab[right], piece.score, [left, right]))
+  merges.sort(key=lambda m: (-m[2], m[0], m[1]))
+  return [m[3] for m in merges]
