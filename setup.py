@@ -36,6 +36,7 @@ setup(
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
         "tqdm>=4.60",
+        "flatbuffers>=24.3.25",  # jax.export serialization (t5lite export serving)
     ],
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a

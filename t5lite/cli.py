@@ -15,16 +15,13 @@ GIN_VERBS = {
     "eval": "evaluate a checkpoint on tasks or mixtures with their metrics",
     "infer": "decode text inputs (file or stdin) with a checkpoint, JSONL out",
 }
+# Plain-flag verbs, each handled by main(argv) of its own module (which loads only what it needs).
 PLAIN_VERBS = {
-    "export": "export a checkpoint to HF transformers or a serving artifact (not available yet)",
-    "import": "import HF transformers or T5X checkpoints (not available yet)",
-    "launch": "print per-host commands for pod jobs (not available yet)",
-}
-# Which piece of the stack each missing verb waits for, to say so honestly.
-PENDING = {
-    "export": "export",
-    "import": "import",
-    "launch": "multi-host launching",
+    "export": ("export a checkpoint: HF transformers (hf), params only (params), or a jax.export "
+               "serving artifact (serving)", "t5lite.export.export_cli"),
+    "import": ("import HF transformers (hf) or T5X (t5x) checkpoints into a t5lite MODEL_DIR",
+               "t5lite.export.import_cli"),
+    "launch": ("print per-host commands for pod jobs (not available yet)", None),
 }
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
@@ -50,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
   smoke.add_argument("--seed", type=int, default=0)
   _add_data_verbs(verbs)
-  for verb, text in PLAIN_VERBS.items():
-    sub = verbs.add_parser(verb, help=text, description=text)
-    sub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+  for verb, (text, _) in PLAIN_VERBS.items():
+    sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
+    sub.add_argument("args", nargs=argparse.REMAINDER, help="flags of the verb (--help)")
   return parser
 
 
@@ -126,12 +123,6 @@ def _data_verb(args) -> int:
   return 0
 
 
-def _not_available(verb: str) -> int:
-  print(f"t5lite {verb}: not available yet; it arrives with {PENDING[verb]}. "
-        "Nothing was run. Today `t5lite smoke` checks a model end to end.", file=sys.stderr)
-  return 2
-
-
 def _smoke(args) -> int:
   losses = smoke.run(gin_config.model_config(), steps=args.steps, batch_size=args.batch_size,
                      length=args.length, seed=args.seed)
@@ -189,10 +180,23 @@ def _train(args) -> int:
   return 0
 
 
+def _plain_verb(verb: str, argv: list[str]) -> int:
+  if PLAIN_VERBS[verb][1] is None:
+    print(f"t5lite {verb}: not available yet; it arrives with multi-host launching. "
+          "Nothing was run.", file=sys.stderr)
+    return 2
+  import importlib
+  return importlib.import_module(PLAIN_VERBS[verb][1]).main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
     gin_files, bindings, rest = gin_config.split_gin_flags(argv)
+    if rest and rest[0] in PLAIN_VERBS:  # their modules parse their own flags, --help included
+      if gin_files or bindings:
+        raise gin_config.GinConfigError(f"t5lite {rest[0]} takes no gin flags")
+      return _plain_verb(rest[0], rest[1:])
     args = _parser().parse_args(rest)
     takes_gin = args.verb in GIN_VERBS or args.verb == "smoke"
     if (gin_files or bindings) and not takes_gin:
@@ -215,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "bench":
       import importlib  # each benchmark loads only what it measures
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
-    return _not_available(args.verb)
-  except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError) as e:
+    raise AssertionError(f"unhandled verb {args.verb}")
+  except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError,
+          FileExistsError) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print(f"t5lite: error: {message}", file=sys.stderr)
     return 2

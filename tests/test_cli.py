@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 from t5lite import cli
 
-VERBS = ["export", "import", "launch"]  # not available yet
+VERBS = ["launch"]  # not available yet
 
 
 def test_help_lists_every_verb(capsys):
@@ -17,7 +17,7 @@ def test_help_lists_every_verb(capsys):
     cli.main(["--help"])
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
-  for verb in VERBS + ["train", "eval", "infer", "smoke", "tasks", "cache", "bench", "plot"]:
+  for verb in VERBS + ["export", "import", "train", "eval", "infer", "smoke", "tasks", "cache", "bench", "plot"]:
     assert verb in out
 
 
@@ -27,6 +27,17 @@ def test_pending_verbs_say_so_and_fail(verb, capsys):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert f"t5lite {verb}: not available yet" in err and "Nothing was run" in err
+
+
+@pytest.mark.parametrize("verb,formats", [("export", ("hf", "params", "serving")),
+                                          ("import", ("hf", "t5x"))])
+def test_export_and_import_list_their_formats(verb, formats, capsys):
+  assert cli.main([verb]) == 2
+  err = capsys.readouterr().err
+  assert all(f"  {name} " in err for name in formats)
+  assert cli.main([verb, "--help"]) == 0
+  out = capsys.readouterr().out
+  assert all(f"  {name} " in out for name in formats)
 
 
 def test_bench_verbs_reach_their_benchmarks(capsys):

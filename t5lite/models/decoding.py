@@ -243,13 +243,15 @@ def generate(config: ModelConfig, params: Params, encoder_input_tokens, *,
                              top_p=float(top_p)),
               "beam": dict(num_beams=int(num_beams), alpha=float(alpha))}[method]
   config, params = decoding_model_inputs(config, params)
-  run = _jitted_generate(config, method, int(max_decode_length), tuple(sorted(settings.items())))
+  run = jitted_generate(config, method, int(max_decode_length), tuple(sorted(settings.items())))
   return np.asarray(run(params, tokens, jax.random.key(seed)))
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted_generate(config: ModelConfig, method: str, max_decode_length: int,
+def jitted_generate(config: ModelConfig, method: str, max_decode_length: int,
                      settings: tuple):
+  """The jitted fn(params, tokens, rng) -> ids behind `generate` (settings: sorted (name,
+  value) pairs), cached per argument set; the serving export traces this same program."""
   from t5lite.models.beam_search import beam_search  # it imports this module's types
   settings = dict(settings)
 
