@@ -1,0 +1,344 @@
+"""`t5lite import t5x`: checkpoints written here in T5X's own layouts, read back bit for bit.
+
+The writers below state T5X's layouts independently of t5lite/export/t5x.py: the key names
+come from t5x/examples/t5/network.py + layers.py, the files from t5x/checkpoints.py
+(`Checkpointer.save`: msgpack + tensorstore; `OrbaxCheckpointManagerInterface`: orbax).
+"""
+import os
+import shutil
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorstore as ts
+from flax import serialization, traverse_util
+
+import t5lite
+from conftest import tiny
+from t5lite import cli
+from t5lite.data.vocabularies import train_sentencepiece
+from t5lite.export import t5x
+from t5lite.models.params import init_params
+from t5lite.train import model_dir
+
+V10 = tiny(mlp_activation="relu", tie_output_embedding=True, scale_logits=True)  # T5 v1.0
+V11 = tiny()  # T5 v1.1: gated-gelu, untied
+STEP = 1000
+
+# T5X examples/t5 param names -> how the array is made from the t5lite param of the same
+# name: 'same'; 'qkv' (embed, heads, kv) -> (embed, heads*kv) ('embed', 'joined_kv');
+# 'out' (heads, kv, embed) -> (heads*kv, embed); 'relpos' (buckets, heads) -> (heads, buckets).
+TOP = [("token_embedder/embedding", "same"),
+       ("encoder/relpos_bias/rel_embedding", "relpos"), ("encoder/encoder_norm/scale", "same"),
+       ("decoder/relpos_bias/rel_embedding", "relpos"), ("decoder/decoder_norm/scale", "same")]
+UNTIED = [("decoder/logits_dense/kernel", "same")]  # absent with logits_via_embedding
+
+
+def _attention(name):
+  return [(f"{name}/query/kernel", "qkv"), (f"{name}/key/kernel", "qkv"),
+          (f"{name}/value/kernel", "qkv"), (f"{name}/out/kernel", "out")]
+
+
+MLP = {"relu": [("mlp/wi/kernel", "same"), ("mlp/wo/kernel", "same")],
+       "gated-gelu": [("mlp/wi_0/kernel", "same"), ("mlp/wi_1/kernel", "same"),
+                      ("mlp/wo/kernel", "same")]}
+ENCODER_LAYER = (_attention("attention") + [("pre_attention_layer_norm/scale", "same"),
+                                            ("pre_mlp_layer_norm/scale", "same")])
+DECODER_LAYER = (_attention("self_attention") + _attention("encoder_decoder_attention")
+                 + [("pre_self_attention_layer_norm/scale", "same"),
+                    ("pre_cross_attention_layer_norm/scale", "same"),
+                    ("pre_mlp_layer_norm/scale", "same")])
+
+# T5X's operative config.gin, in base.gin's block form and the flat form T5X writes.
+GIN_BLOCK = """from __gin__ import dynamic_registration
+import seqio
+from t5x.examples.t5 import network
+DROPOUT_RATE = 0.0  # a macro, as in t5_1_1/base.gin
+seqio.SentencePieceVocabulary.sentencepiece_model_file = "{spm}"
+seqio.SentencePieceVocabulary.extra_ids = 100
+network.Transformer.config = @network.T5Config()
+network.T5Config:
+  vocab_size = 128
+  emb_dim = 32
+  mlp_activations = {acts}
+  dropout_rate = %DROPOUT_RATE
+  logits_via_embedding = {tied}
+"""
+GIN_FLAT = """# Parameters for network.T5Config:
+# ==============================================================================
+network.T5Config.dropout_rate = 0.0
+network.T5Config.logits_via_embedding = {tied}
+network.T5Config.mlp_activations = {acts}
+"""
+T5X_ACTS = {"relu": "('relu',)", "gated-gelu": "('gelu', 'linear')"}
+
+
+def t5x_target(config, params) -> dict[str, np.ndarray]:
+  """T5X examples/t5 'target' (flat, '/'-joined names) holding t5lite `params`."""
+  flat = {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(params).items()}
+  rows = TOP + ([] if config.tie_output_embedding else UNTIED)
+  for stack, n, layer in (("encoder", config.num_encoder_layers, ENCODER_LAYER),
+                          ("decoder", config.num_decoder_layers, DECODER_LAYER)):
+    rows += [(f"{stack}/layers_{i}/{name}", how) for i in range(n)
+             for name, how in layer + MLP[config.mlp_activation]]
+  assert {name for name, _ in rows} == set(flat)  # the table covers every param
+  out = {}
+  for name, how in rows:
+    x = flat[name]
+    if how == "qkv":
+      x = x.reshape(x.shape[0], -1)
+    elif how == "out":
+      x = x.reshape(-1, x.shape[-1])
+    elif how == "relpos":
+      x = x.T
+    out[name] = np.ascontiguousarray(x)
+  return out
+
+
+def _nest(flat: dict[str, object]) -> dict:
+  return traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
+
+
+def _write_zarr(path: str, x: np.ndarray, compressor="gzip") -> dict:
+  """One array as T5X's tensorstore writes it; returns the spec's metadata."""
+  chunks = [max(1, x.shape[0] // 2)] + list(x.shape[1:]) if x.ndim else []
+  metadata = {"compressor": {"id": compressor}, "shape": list(x.shape), "chunks": chunks}
+  spec = {"driver": "zarr", "dtype": x.dtype.name, "metadata": metadata,
+          "kvstore": {"driver": "file", "path": path}}
+  ts.open(spec, create=True, open=True).result().write(x).result()
+  return metadata
+
+
+def _moments(target: dict[str, np.ndarray]) -> dict:
+  """Adafactor param_states for two params: the importer must drop them."""
+  emb = target["token_embedder/embedding"]
+  return {"token_embedder/embedding/v_row": np.ones(emb.shape[0], np.float32),
+          "token_embedder/embedding/v_col": np.ones(emb.shape[1], np.float32),
+          "encoder/encoder_norm/scale/v": np.ones(emb.shape[1], np.float32)}
+
+
+def write_msgpack_checkpoint(ckpt_dir: str, target: dict[str, np.ndarray], step: int,
+                             inline=("encoder/encoder_norm/scale",), paths=None) -> None:
+  """t5x/checkpoints.py Checkpointer.save: a zarr folder per partitioned array, named
+  name.replace('/', '.'), its relative spec in the msgpack; unpartitioned arrays (no mesh
+  axes, e.g. the step) inlined. `paths` overrides spec paths (for the safety tests)."""
+  os.makedirs(ckpt_dir)
+  state = {"state/step": np.int32(step)}
+  state.update({f"state/param_states/{k}": v for k, v in _moments(target).items()})
+  leaves = {}
+  for name, x in [(f"target/{k}", v) for k, v in target.items()] + list(state.items()):
+    if name.removeprefix("target/") in inline or np.ndim(x) == 0:
+      leaves[name] = x
+      continue
+    relpath = name.replace("/", ".")
+    metadata = _write_zarr(os.path.join(ckpt_dir, relpath), x)
+    # What flax writes for a ts.Spec (t5x register_ts_spec_for_serialization: to_json()).
+    leaves[name] = ts.Spec({"driver": "zarr", "dtype": x.dtype.name, "metadata": metadata,
+                            "kvstore": {"driver": "file", "path": relpath}}).to_json()
+    if name in (paths or {}):  # a hostile file, which tensorstore itself would not write
+      leaves[name]["kvstore"]["path"] = paths[name]
+  blob = serialization.msgpack_serialize({"version": 3, "optimizer": _nest(leaves)})
+  with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
+    f.write(blob)
+
+
+def write_orbax_checkpoint(t5x_dir: str, target: dict[str, np.ndarray], step: int) -> None:
+  """T5X's OrbaxCheckpointManagerInterface: item 'state', step_prefix 'checkpoint',
+  PyTreeCheckpointHandler(use_ocdbt=False), the train state dict with 'target' on top."""
+  state = {"target": _nest(target), "state": {"step": np.int32(step),
+                                              "param_states": _nest(_moments(target))}}
+  manager = ocp.CheckpointManager(
+      t5x_dir, item_names=("state",),
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(use_ocdbt=False)},
+      options=ocp.CheckpointManagerOptions(step_prefix="checkpoint"))
+  manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)))
+  manager.wait_until_finished()
+  manager.close()
+
+
+def write_orbax_aggregate_checkpoint(ckpt_dir: str, target: dict[str, np.ndarray],
+                                     step: int) -> None:
+  """The orbax of T5X's time: state/checkpoint is msgpack of the tree with each array leaf
+  'PLACEHOLDER://<keys joined by .>' (orbax utils.leaf_placeholder), its zarr folder beside."""
+  state_dir = os.path.join(ckpt_dir, "state")
+  os.makedirs(state_dir)
+  leaves = {"state/step": np.int32(step)}
+  for name, x in [(f"target/{k}", v) for k, v in target.items()]:
+    relpath = name.replace("/", ".")
+    _write_zarr(os.path.join(state_dir, relpath), x, compressor="zstd")
+    leaves[name] = "PLACEHOLDER://" + relpath
+  with open(os.path.join(state_dir, "checkpoint"), "wb") as f:
+    f.write(serialization.msgpack_serialize(_nest(leaves)))
+
+
+@pytest.fixture(scope="module")
+def spm_file(tmp_path_factory) -> str:
+  texts = ["the cat sat on the mat", "a dog and a cat", "tea at ten to two"] * 20
+  path = tmp_path_factory.mktemp("spm") / "sentencepiece.model"
+  path.write_bytes(train_sentencepiece(texts, 20, byte_fallback=False))  # 20 + 100 extra <= 128
+  return str(path)
+
+
+def _assert_bitwise(a, b):
+  fa, fb = traverse_util.flatten_dict(a), traverse_util.flatten_dict(b)
+  assert set(fa) == set(fb)
+  for k in fa:
+    x, y = np.asarray(fa[k]), np.asarray(fb[k])
+    assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), k
+
+
+def _assert_imported(out: str, config, params, step: int):
+  assert model_dir.load_model_config(out) == config  # every field inferred right
+  loaded_config, loaded, loaded_step = model_dir.load_params(out)
+  assert loaded_step == step
+  _assert_bitwise(loaded, params)
+  enc = np.array([[5, 9, 17, 3, 1, 0]], np.int32)
+  dec = np.array([[0, 7, 11, 2]], np.int32)
+  np.testing.assert_array_equal(t5lite.logits(loaded_config, loaded, enc, dec),
+                                t5lite.logits(config, params, enc, dec))
+
+
+@pytest.mark.parametrize("config", [V10, V11], ids=["v1.0", "v1.1"])
+@pytest.mark.parametrize("layout", ["msgpack", "orbax", "orbax_aggregate"])
+def test_import_is_bitwise_and_gives_the_same_logits(layout, config, spm_file, tmp_path, capsys):
+  params = init_params(config, 1)
+  target = t5x_target(config, params)
+  t5x_dir, out = str(tmp_path / "t5x"), str(tmp_path / "out")
+  acts, tied = T5X_ACTS[config.mlp_activation], config.tie_output_embedding
+  if layout == "msgpack":
+    write_msgpack_checkpoint(os.path.join(t5x_dir, f"checkpoint_{STEP}"), target, STEP)
+    os.makedirs(os.path.join(t5x_dir, f"checkpoint_{STEP + 10}.tmp-1234"))  # unfinished save
+    with open(os.path.join(t5x_dir, "config.gin"), "w") as f:
+      f.write(GIN_BLOCK.format(spm=spm_file, acts=acts, tied=tied))
+    args = []
+  elif layout == "orbax":
+    write_orbax_checkpoint(t5x_dir, target, STEP)
+    with open(os.path.join(t5x_dir, "config.gin"), "w") as f:
+      f.write(GIN_FLAT.format(acts=acts, tied=tied))
+    args = ["--vocabulary", spm_file, "--extra_ids", "50"]
+  else:  # no config.gin: the activation is the T5 default for the MLP's shape, with a note
+    write_orbax_aggregate_checkpoint(os.path.join(t5x_dir, f"checkpoint_{STEP}"), target, STEP)
+    args = []
+  assert cli.main(["import", "t5x", "--from", t5x_dir, "--out", out] + args) == 0
+  _assert_imported(out, config, params, STEP)
+  err = capsys.readouterr().err
+  vocab_json = os.path.join(out, "vocabulary.json")
+  if layout == "msgpack":
+    assert '"extra_ids": 100' in open(vocab_json).read()
+  elif layout == "orbax":
+    assert '"extra_ids": 50' in open(vocab_json).read()
+  else:
+    assert not os.path.exists(vocab_json) and "eval and infer will need one" in err
+    assert f"mlp_activation={config.mlp_activation!r}" in err
+
+
+def test_step_folder_and_step_flag(tmp_path):
+  params = init_params(V11, 2)
+  target = t5x_target(V11, params)
+  old = {k: v + 1 for k, v in target.items()}
+  t5x_dir = str(tmp_path / "t5x")
+  write_msgpack_checkpoint(os.path.join(t5x_dir, "checkpoint_10"), old, 10)
+  write_msgpack_checkpoint(os.path.join(t5x_dir, "checkpoint_20"), target, 20)
+  _, newest = t5x.load_t5x(t5x_dir)
+  _assert_bitwise(newest, params)
+  _, folder = t5x.load_t5x(os.path.join(t5x_dir, "checkpoint_20"))
+  _assert_bitwise(folder, params)
+  config, older = t5x.load_t5x(t5x_dir, step=10)
+  np.testing.assert_array_equal(older["token_embedder"]["embedding"],
+                                params["token_embedder"]["embedding"] + 1)
+  config, scanned = t5x.load_t5x(t5x_dir, scan_layers=True)  # a hint overrides the inferred
+  assert config.scan_layers and "layers" in scanned["encoder"]
+
+
+def _scalable_target(config, params, relpos_equal=True) -> dict[str, np.ndarray]:
+  """scalable_t5 scanned: encoder/encoder/... with the layer axis at param_scan_axis=1,
+  3-D q/k/v/out kernels, and a relpos table in every layer (relpos_bias inside the layer)."""
+  flat = {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(params).items()}
+  out = {k: v for k, v in flat.items() if "layers_" not in k and "relpos_bias" not in k}
+  for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+    names = {k.split("/", 2)[2] for k in flat if k.startswith(f"{stack}/layers_0/")}
+    for name in names:
+      out[f"{stack}/{stack}/{name}"] = np.stack(
+          [flat[f"{stack}/layers_{i}/{name}"] for i in range(n)], axis=1)
+    table = flat[f"{stack}/relpos_bias/rel_embedding"].T  # (heads, buckets)
+    copies = [table if relpos_equal or i == 0 else table + 1 for i in range(n)]
+    out[f"{stack}/{stack}/relpos_bias/rel_embedding"] = np.stack(copies, axis=1)
+  return out
+
+
+def test_scanned_scalable_t5_layout(tmp_path):
+  params = init_params(V11, 3)
+  ckpt = str(tmp_path / "checkpoint_5")
+  write_msgpack_checkpoint(ckpt, _scalable_target(V11, params), 5)
+  config, imported = t5x.load_t5x(ckpt, scan_layers=False)
+  assert config == V11
+  _assert_bitwise(imported, params)
+  other = str(tmp_path / "other" / "checkpoint_5")
+  write_msgpack_checkpoint(other, _scalable_target(V11, params, relpos_equal=False), 5)
+  with pytest.raises(t5x.T5XCheckpointError, match="layer 1 has its own relative position"):
+    t5x.load_t5x(other)
+
+
+@pytest.fixture
+def good_checkpoint(tmp_path):
+  """A v1.1 msgpack checkpoint and a valid zarr array outside it (for escape attempts)."""
+  target = t5x_target(V11, init_params(V11, 4))
+  outside = str(tmp_path / "outside.kernel")
+  _write_zarr(outside, target["encoder/layers_0/mlp/wi_0/kernel"])
+  return target, str(tmp_path / "t5x"), outside
+
+
+def _import_error(t5x_dir, tmp_path, capsys) -> str:
+  assert cli.main(["import", "t5x", "--from", t5x_dir, "--out", str(tmp_path / "out")]) == 1
+  assert not os.path.exists(tmp_path / "out" / "checkpoints")
+  return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("escape", ["dotdot", "absolute", "symlinked_array", "symlinked_chunk"])
+def test_paths_outside_the_checkpoint_are_refused(escape, good_checkpoint, tmp_path, capsys):
+  target, t5x_dir, outside = good_checkpoint
+  name = "target/encoder/layers_0/mlp/wi_0/kernel"
+  ckpt = os.path.join(t5x_dir, f"checkpoint_{STEP}")
+  paths = {"dotdot": {name: "../../outside.kernel"}, "absolute": {name: outside}}.get(escape)
+  write_msgpack_checkpoint(ckpt, target, STEP, paths=paths)
+  array_dir = os.path.join(ckpt, "target.encoder.layers_0.mlp.wi_0.kernel")
+  if escape == "symlinked_array":
+    shutil.rmtree(array_dir)
+    os.symlink(outside, array_dir)
+  elif escape == "symlinked_chunk":
+    os.remove(os.path.join(array_dir, "0.0"))
+    os.symlink(os.path.join(outside, "0.0"), os.path.join(array_dir, "0.0"))
+  err = _import_error(t5x_dir, tmp_path, capsys)
+  assert "outside the checkpoint folder" in err and "refused" in err, err
+
+
+def test_truncated_chunk_names_the_file(good_checkpoint, tmp_path, capsys):
+  target, t5x_dir, _ = good_checkpoint
+  ckpt = os.path.join(t5x_dir, f"checkpoint_{STEP}")
+  write_msgpack_checkpoint(ckpt, target, STEP)
+  chunk = os.path.join(ckpt, "target.encoder.layers_0.mlp.wi_0.kernel", "0.0")
+  data = open(chunk, "rb").read()
+  open(chunk, "wb").write(data[: len(data) // 2])
+  err = _import_error(t5x_dir, tmp_path, capsys)
+  assert f"checkpoint_{STEP}/target.encoder.layers_0.mlp.wi_0.kernel: truncated or corrupted" in err
+
+
+def test_truncated_msgpack_names_the_file(good_checkpoint, tmp_path, capsys):
+  target, t5x_dir, _ = good_checkpoint
+  ckpt = os.path.join(t5x_dir, f"checkpoint_{STEP}")
+  write_msgpack_checkpoint(ckpt, target, STEP)
+  index = os.path.join(ckpt, "checkpoint")
+  data = open(index, "rb").read()
+  open(index, "wb").write(data[: len(data) - 7])
+  err = _import_error(t5x_dir, tmp_path, capsys)
+  assert f"checkpoint_{STEP}/checkpoint: truncated or corrupted msgpack" in err
+
+
+def test_wrong_shape_names_the_parameter_and_both_shapes(good_checkpoint, tmp_path, capsys):
+  target, t5x_dir, _ = good_checkpoint
+  target = dict(target)
+  target["decoder/layers_1/mlp/wo/kernel"] = np.zeros((64, 16), np.float32)  # d_model is 32
+  write_msgpack_checkpoint(os.path.join(t5x_dir, f"checkpoint_{STEP}"), target, STEP)
+  err = _import_error(t5x_dir, tmp_path, capsys)
+  assert ("decoder/layers_1/mlp/wo/kernel: shape (64, 16) in the checkpoint, "
+          "expected (64, 32)") in err
