@@ -188,6 +188,13 @@ def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trai
   assert kernel.sharding.spec != jax.sharding.PartitionSpec() and kernel.dtype == "bfloat16"
   expected = params_only.cast_params(params, "bfloat16")
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
+  # Finetuning starts from it (params only, T5X step counting: TRAIN_STEPS is the last step).
+  result = train(tiny(vocab_size=384), TrainConfig(
+      model_dir=str(tmp_path / "finetune"), train_steps=step + 2, batch_size=8,
+      mixture_or_task_name="train_test_copy", task_feature_lengths={"inputs": 32, "targets": 16},
+      eval_period=0, initial_checkpoint_path=str(out),
+      optimizer=OptimizerConfig(name="adamw")), log=lambda _: None)
+  assert result.step == step + 2 and np.isfinite(list(result.losses.values())).all()
 
 
 def test_exports_never_write_into_a_non_empty_folder(trained, tmp_path, capsys):
