@@ -8,7 +8,7 @@ import transformers
 
 import t5lite
 from t5lite.models import decoding, init_params, make_model
-from t5lite.models.beam_search import beam_search
+from t5lite.models.beam_search import beam_search, top_k_by_blocks
 from t5lite.models.params import scan_params
 
 from conftest import tiny
@@ -280,3 +280,15 @@ def test_generate_and_score_inside_a_mesh():
     scores = decoding.score(config, sharded, inputs, out)
   np.testing.assert_array_equal(out, expected)
   np.testing.assert_allclose(scores, decoding.score(config, params, inputs, out), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,k", [((32, 32128), 8), ((5, 1000), 8), ((3, 130), 2),
+                                     ((2, 64), 8)])
+def test_top_k_by_blocks_equals_lax_top_k_with_ties(shape, k):
+  rng = np.random.default_rng(sum(shape))
+  for x in (rng.standard_normal(shape), np.round(rng.standard_normal(shape) * 2)):  # ties
+    x = x.astype(np.float32)
+    values, index = jax.jit(top_k_by_blocks, static_argnums=1)(x, k)
+    expected_values, expected_index = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(values, expected_values)
+    np.testing.assert_array_equal(index, expected_index)
