@@ -16,6 +16,8 @@ setup(
     # `tasks` package, and neither may shadow the other (README: "The tasks package").
     packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite_tasks"],
     package_dir={"t5lite_tasks": "tasks"},
+    # `t5lite launch` renders and submits these; the docs page sits beside them.
+    package_data={"t5lite.launch": ["recipes/*", "README.md"]},
     install_requires=[
         "jax>=0.10.0",
         "flax>=0.12.0",

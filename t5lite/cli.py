@@ -1,14 +1,21 @@
 """`t5lite <verb>`: the command line. Gin is parsed here and nowhere deeper.
 
-train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags; the other
-verbs take plain flags. Verbs whose machinery has not landed yet say so and exit 2.
+train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags, and the
+multi-host flags (--coordinator_address, --num_processes, --process_id); without them a pod's
+layout is detected from its environment (t5lite/launch/cluster.py). The other verbs take plain
+flags.
+
+Exit codes: 0 done; 1 the run failed; 2 a bad setup (flags, gin, mesh, a job that did not form);
+42 (PREEMPTED_EXIT_CODE) `train` stopped on SIGTERM after saving: rerun it to resume.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from t5lite import gin_config, smoke
+from t5lite.launch import PREEMPTED_EXIT_CODE, distributed
 
 GIN_VERBS = {
     "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
@@ -21,12 +28,17 @@ PLAIN_VERBS = {
                "serving artifact (serving)", "t5lite.export.export_cli"),
     "import": ("import HF transformers (hf) or T5X (t5x) checkpoints into a t5lite MODEL_DIR",
                "t5lite.export.import_cli"),
-    "launch": ("print per-host commands for pod jobs (not available yet)", None),
+    "launch": ("print the per-host commands of a pod training job (TPU VM, SLURM, Kubernetes)",
+               "t5lite.launch.cli"),
 }
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
   --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
                          --gin.MODEL_DIR=/tmp/run (bare words are taken as strings)"""
+EXIT_HELP = f"""exit codes:
+  0 done, 1 failed, 2 bad setup (flags, gin, mesh, a job that did not form),
+  {PREEMPTED_EXIT_CODE} preempted: SIGTERM reached a process and every process saved the same
+     step; rerun the same command to resume (schedulers requeue on this code)"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
       formatter_class=argparse.RawDescriptionHelpFormatter)
   verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
   for verb, text in GIN_VERBS.items():
-    verbs.add_parser(verb, help=text, description=text, epilog=GIN_HELP,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = verbs.add_parser(verb, help=text, description=text,
+                           epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    distributed.add_flags(sub)
   smoke = verbs.add_parser(
       "smoke", help="forward/backward steps of a gin-configured model on embedded text",
       description="Build the model from gin, take a few AdamW steps on standard-library "
@@ -164,6 +178,7 @@ def _infer(args) -> int:
 
 def _train(args) -> int:
   import gin
+  import jax
 
   from t5lite.train import trainer
   from t5lite.train.checkpoints import CorruptCheckpointError
@@ -175,16 +190,13 @@ def _train(args) -> int:
   except (FloatingPointError, CorruptCheckpointError) as e:
     print(f"t5lite train: {e}", file=sys.stderr)
     return 1
-  print(f"t5lite train: {'preempted' if result.preempted else 'done'} at step {result.step}; "
-        f"model dir {train_config.model_dir}")
-  return 0
+  if jax.process_index() == 0:
+    print(f"t5lite train: {'preempted' if result.preempted else 'done'} at step {result.step}; "
+          f"model dir {train_config.model_dir}")
+  return PREEMPTED_EXIT_CODE if result.preempted else 0
 
 
 def _plain_verb(verb: str, argv: list[str]) -> int:
-  if PLAIN_VERBS[verb][1] is None:
-    print(f"t5lite {verb}: not available yet; it arrives with multi-host launching. "
-          "Nothing was run.", file=sys.stderr)
-    return 2
   import importlib
   return importlib.import_module(PLAIN_VERBS[verb][1]).main(argv)
 
@@ -192,6 +204,8 @@ def _plain_verb(verb: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
+    if argv[:1] == ["launch"]:  # gin flags after its `--` belong to the verb it launches
+      return _plain_verb("launch", argv[1:])
     gin_files, bindings, rest = gin_config.split_gin_flags(argv)
     if rest and rest[0] in PLAIN_VERBS:  # their modules parse their own flags, --help included
       if gin_files or bindings:
@@ -203,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
       raise gin_config.GinConfigError(f"t5lite {args.verb} takes no gin flags")
     if takes_gin:
       gin_config.parse(gin_files, bindings)
+    if args.verb in GIN_VERBS:  # before anything touches a device
+      distributed.initialize(distributed.resolve(
+          args.coordinator_address, args.num_processes, args.process_id, os.environ),
+          args.initialization_timeout)
     if args.verb == "smoke":
       return _smoke(args)
     if args.verb == "train":

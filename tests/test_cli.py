@@ -1,4 +1,4 @@
-"""The t5lite command line: help, honest 'not available yet' verbs, errors, the smoke run."""
+"""The t5lite command line: help, the plain-flag verbs, errors, the smoke run."""
 import os
 import re
 import subprocess
@@ -9,24 +9,24 @@ import pytest
 from conftest import REPO
 from t5lite import cli
 
-VERBS = ["launch"]  # not available yet
-
 
 def test_help_lists_every_verb(capsys):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["--help"])
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
-  for verb in VERBS + ["export", "import", "train", "eval", "infer", "smoke", "tasks", "cache", "bench", "plot"]:
+  for verb in ["launch", "export", "import", "train", "eval", "infer", "smoke", "tasks", "cache",
+               "bench", "plot"]:
     assert verb in out
 
 
-@pytest.mark.parametrize("verb", VERBS)
-def test_pending_verbs_say_so_and_fail(verb, capsys):
-  argv = [verb, "--gin_file=gin/models/tiny.gin"] if verb in cli.GIN_VERBS else [verb]
-  assert cli.main(argv) == 2
-  err = capsys.readouterr().err
-  assert f"t5lite {verb}: not available yet" in err and "Nothing was run" in err
+def test_launch_takes_its_own_flags_and_the_launched_verbs_gin_flags(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["launch", "--help"])
+  assert exit_info.value.code == 0
+  assert "--dry-run" in capsys.readouterr().out
+  assert cli.main(["launch", "--dry-run", "--", "--gin_file=gin/runs/demo.gin"]) == 0
+  assert "--gin_file=gin/runs/demo.gin" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("verb,formats", [("export", ("hf", "params", "serving")),

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO
 from t5lite import cli
+from t5lite.launch import PREEMPTED_EXIT_CODE
 from t5lite.train import checkpoints as ckpt_lib
 from t5lite.train.model_dir import load_model_config
 from t5lite.train.trainer import Trainer, TrainConfig
@@ -131,12 +132,12 @@ def test_sigkill_mid_run_then_restart_equals_the_uninterrupted_run(gin_file, ref
     assert np.array_equal(a, b)
 
 
-def test_sigterm_saves_at_the_next_step_and_exits_cleanly(gin_file, reference, tmp_path):
+def test_sigterm_saves_and_exits_with_the_preempted_code(gin_file, reference, tmp_path):
   process = spawn(gin_file, tmp_path)
   wait_for_step(process, tmp_path, 7)
   process.send_signal(signal.SIGTERM)
   out, _ = process.communicate(timeout=120)
-  assert process.returncode == 0, out
+  assert process.returncode == PREEMPTED_EXIT_CODE, out  # 42: schedulers requeue on it
   saved = [int(line.split("saved checkpoint ")[1].split(";")[0]) for line in out.splitlines()
            if "preempted (SIGTERM): saved checkpoint" in line]
   assert len(saved) == 1 and 7 <= saved[0] < STEPS

@@ -5,11 +5,13 @@ All of it reads `trainer` (t5lite.train.trainer.Trainer) for the model, mesh and
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
+import numpy as np
 
 from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import TaskEvaluator
@@ -40,13 +42,34 @@ def evaluate(trainer, params: Tree) -> dict[str, float]:
       print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
       continue
     totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
-    for _, host_batch in zip(range(config.eval_steps), batches):
+    for host_batch in same_count_of_batches(batches, config.eval_steps):
       sums = host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
       totals = {k: totals[k] + sums[k] for k in totals}
     weight = max(totals["weight_sum"], 1e-8)
     out[f"eval/{task.name}/loss"] = totals["loss"] / weight
     out[f"eval/{task.name}/token_accuracy"] = totals["correct"] / weight
   return out
+
+
+def same_count_of_batches(batches, steps: int) -> Iterator[dict[str, np.ndarray]]:
+  """Up to `steps` host batches of a finite split, as many on every process: the processes'
+  rows end at different batches, and one that stopped calling the (collective) eval step
+  would leave the others waiting. A process whose rows have ended feeds all-zero rows (loss
+  weight 0) until every process's have (one tiny all-gather per batch)."""
+  if jax.process_count() == 1:
+    yield from itertools.islice(batches, steps)
+    return
+  from jax.experimental import multihost_utils
+  blank = None
+  for _ in range(steps):
+    batch = next(batches, None)
+    if blank is None and batch is not None:
+      blank = {k: np.zeros_like(v) for k, v in batch.items()}
+    left = multihost_utils.process_allgather(np.array([batch is not None], np.int32))
+    if not np.asarray(left).any():
+      return
+    # Every process has a first batch (a split smaller than the global batch is refused).
+    yield batch if batch is not None else blank
 
 
 INFER_EVAL_DIR = "inference_eval"

@@ -270,6 +270,62 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
+  """Every batch shard (a device group along 'data' x 'fsdp') must get the same number of rows.
+
+  Raises ValueError naming the batch size, the shard count and the nearest sizes that work.
+  """
+  shards = _axis_size(mesh, BATCH_AXES)
+  if global_batch_size % shards:
+    lower = global_batch_size // shards * shards
+    options = [n for n in (lower, lower + shards) if n > 0]
+    raise ValueError(
+        f"global batch size {global_batch_size} does not divide evenly over the {shards} batch "
+        f"shards of mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} (over "
+        f"{mesh.size} devices in {jax.process_count()} process(es)); use a multiple of {shards}, "
+        f"e.g. BATCH_SIZE={' or '.join(map(str, options))}")
+
+
+def process_batch_slice(mesh: Mesh, process_index: int | None = None) -> tuple[int, int]:
+  """(i, n): a process feeds slice i of the global batch cut into n equal, contiguous slices.
+
+  Usually (jax.process_index(), jax.process_count()). Read from the mesh, not assumed: where
+  processes' devices hold the same rows (a tensor axis that spans hosts), they feed the same
+  slice, and n is smaller than the process count. This is what the data pipeline gets as its
+  (process_index, process_count), so each process computes exactly the rows that its devices
+  hold in the global array (jax.make_array_from_process_local_data).
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  shards = _axis_size(mesh, BATCH_AXES)
+  index = batch_sharding(mesh).devices_indices_map((shards,))  # one row per batch shard
+  held: dict[int, set[int]] = {}
+  for device, where in index.items():
+    held.setdefault(device.process_index, set()).add(where[0].start or 0)
+  return slice_of_process(held, shards, process_index)
+
+
+def slice_of_process(held: dict[int, set[int]], shards: int, process_index: int
+                     ) -> tuple[int, int]:
+  """(i, n) for a process from the batch shards each process's devices hold (see
+  process_batch_slice); ValueError when they do not cut the batch into equal, contiguous runs.
+
+    >>> slice_of_process({0: {0, 1}, 1: {2, 3}}, 4, 1)   # 2 processes x 2 devices
+    (1, 2)
+    >>> slice_of_process({0: {0, 1}, 1: {0, 1}}, 2, 1)   # tensor=2 across the 2 processes
+    (0, 1)
+  """
+  runs = sorted({tuple(sorted(shard_ids)) for shard_ids in held.values()})
+  contiguous = all(run == tuple(range(run[0], run[0] + len(run))) for run in runs)
+  tiled = [i for run in runs for i in run] == list(range(shards))
+  if not (contiguous and tiled and len({len(run) for run in runs}) == 1):
+    layout = {p: sorted(ids) for p, ids in sorted(held.items())}
+    raise ValueError(
+        f"the mesh gives processes these batch shards: {layout}; each process's devices must "
+        "hold an equal, contiguous run of the batch shards (order the mesh's devices by "
+        "process, as jax.make_mesh does)")
+  return runs.index(tuple(sorted(held[process_index]))), len(runs)
+
+
 def _local_batch_shards(mesh: Mesh) -> int:
   """How many distinct batch slices this process's devices hold (tensor replicas share one)."""
   sharding = batch_sharding(mesh)

@@ -16,8 +16,18 @@ the step and their own settings, never on TRAIN_STEPS. Otherwise INITIAL_CHECKPO
 t5lite MODEL_DIR or step folder, or an HF T5 directory) gives the params, with a fresh
 optimizer and, as in T5X, the step counter of that checkpoint (TRAIN_STEPS is the final step).
 
-Preemption. SIGTERM sets a flag; the loop saves a checkpoint after the step in progress and
-returns (TrainResult.preempted). Rerunning the same command resumes.
+Preemption. SIGTERM sets a flag; after each step (every preemption_check_period steps) the
+processes agree whether any of them has it, with one tiny collective (one process: just the
+flag). Agreed after step k, every process runs step k + 1 (its batch is already fetched),
+saves checkpoint k + 1 and returns (TrainResult.preempted; the CLI exits 42). Rerunning the
+same command resumes. JAX's preemption sync point (multihost_utils) is not used: it listens
+for SIGTERM with a notifier of its own in C++, which would compete with the Python handler
+that a single-process run needs anyway, so launch/distributed.py turns that service off; one
+all-gather of a flag works on every backend, gloo included.
+
+Several processes. Each feeds the rows its devices hold (partitioning.process_batch_slice);
+only process 0 writes MODEL_DIR files (metrics, config, vocabulary) and prints; every process
+writes its shards of each checkpoint (orbax); the data iterator state is gathered into one.
 """
 from __future__ import annotations
 
@@ -105,9 +115,13 @@ class TrainConfig:
   """Shard parameters' embed axis over the mesh's 'fsdp' axis (logical_axis_rules)."""
   checkpoint: ckpt_lib.CheckpointConfig = dataclasses.field(
       default_factory=ckpt_lib.CheckpointConfig)
+  preemption_check_period: int = 1
+  """With several processes, agree on SIGTERM every this many steps: one all-gather of a flag,
+  which waits for the step to finish. Raise it when steps take milliseconds."""
 
   def __post_init__(self):
-    for name in ("train_steps", "batch_size", "log_period", "eval_steps"):
+    for name in ("train_steps", "batch_size", "log_period", "eval_steps",
+                 "preemption_check_period"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
     if not self.model_dir:
@@ -128,11 +142,20 @@ class TrainResult:
 
 
 class _Preemption:
-  """SIGTERM -> a flag the loop reads between steps (the signal handler does nothing else)."""
+  """SIGTERM -> a flag (the signal handler does nothing else); `agreed` is the same answer on
+  every process: whether any of them got it."""
 
   def __init__(self):
     self.requested = False
     self._previous = None
+
+  def agreed(self) -> bool:
+    """Whether any process got SIGTERM (a collective when there are several: all call it)."""
+    if jax.process_count() == 1:
+      return self.requested
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
+    return bool(np.asarray(flags).any())
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -162,6 +185,9 @@ class Trainer:
       model_config = model_config.replace(dropout_rate=config.dropout_rate)
     self.model_config, self.config = model_config, config
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
+    part.check_batch_size(config.batch_size, self.mesh)
+    # The slice of each global batch this process computes: the rows its devices hold.
+    self.batch_slice = part.process_batch_slice(self.mesh)
     self.rules = part.logical_axis_rules(fsdp=config.fsdp)
     self.step_config = config.step.replace(seed=config.seed)
     self.optimizer = make_optimizer(config.optimizer, param_logical_axes(model_config))
@@ -195,8 +221,9 @@ class Trainer:
                           **changes)
 
   def dataset(self, name: str, pipeline_config: PipelineConfig, workers: int = 0):
-    return get_dataset(name, pipeline_config, self.converter, process_index=jax.process_index(),
-                       process_count=jax.process_count(), num_workers=workers)
+    index, count = self.batch_slice
+    return get_dataset(name, pipeline_config, self.converter, process_index=index,
+                       process_count=count, num_workers=workers)
 
   # --- the state -----------------------------------------------------------------------------
 
@@ -321,12 +348,27 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   model_config = trainer.model_config
   if trainer.is_primary:
     model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
+  else:
+    _check_model_dir(config.model_dir, model_config)
+    log = _silent  # one progress line per job, from process 0
   with part.activate(trainer.mesh, trainer.rules), _Preemption() as preemption:
     checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint)
     try:
       return _run(trainer, checkpointer, preemption, log)
     finally:
       checkpointer.close()
+
+
+def _silent(_: str) -> None:
+  pass
+
+
+def _check_model_dir(model_dir: str, model_config: ModelConfig) -> None:
+  """What process 0's model_dir.prepare refuses, refused on every process (so that all stop,
+  none waits for the others in a collective)."""
+  if os.path.isfile(os.path.join(model_dir, model_dir_lib.MODEL_CONFIG_FILE)):
+    model_dir_lib.check_compatible(model_dir_lib.load_model_config(model_dir), model_config,
+                                   model_dir)
 
 
 def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Preemption,
@@ -364,6 +406,7 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
               infer=bool(config.infer_eval_period), evaluators=evaluators)
   meter = _Throughput(trainer, ProgressLine(config.train_steps, start_step=step), step)
   host_batch = next(batches)
+  stop = False  # agreed by every process: save after this step and return
   try:
     while step < config.train_steps:
       state, metrics = trainer.step_fn(state, part.global_batch(host_batch, trainer.mesh))
@@ -372,7 +415,6 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
       loss_eval = bool(config.eval_period) and (step % config.eval_period == 0 or last)
       infer_eval = bool(config.infer_eval_period) and (
           step % config.infer_eval_period == 0 or last)
-      stop = preemption.requested
       save = (stop or last or step % config.checkpoint.period == 0
               or (infer_eval and best.metric is not None))
       # The checkpoint's data position is after this step's batch: read it before the next
@@ -395,13 +437,16 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
           best.update(step, result)
         checkpointer.save(step, state, saved_data,
                           metrics=result.eval_metrics if result.eval_step == step else None)
-      if stop:
+      if stop and not last:
         log(f"t5lite: preempted (SIGTERM): saved checkpoint {step}; rerun the same command to "
             "resume")
         result.preempted = True
         break
       if not last:
         host_batch = host_batch_next
+        # After the next batch is fetched (host work overlapping the step), before the next
+        # step: every process gets the same answer, so all save at the same step.
+        stop = step % config.preemption_check_period == 0 and preemption.agreed()
   finally:
     writer.close()
   result.step = step

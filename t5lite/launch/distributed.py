@@ -1,0 +1,193 @@
+"""Starting JAX's distributed runtime for a pod job, from flags or the cluster environment.
+
+    cluster = resolve(args.coordinator_address, args.num_processes, args.process_id, os.environ)
+    initialize(cluster, timeout=args.initialization_timeout)   # before any JAX computation
+
+Flags win field by field over what cluster.detect reads from the environment (so Open MPI 5,
+which does not name its launcher, needs only --coordinator_address). No cluster and no flags:
+one process, said once on stderr. One detected process: nothing to start.
+
+Failing fast. A setup that cannot form a job must not hang: jax.distributed.initialize aborts
+the interpreter (a C++ fatal error, no Python exception) when its timeout passes, so it is
+guarded here instead: processes other than 0 first wait (up to the timeout) until the
+coordinator's port answers, and a watchdog ends the process with a plain message and exit
+code 2 when the job has not formed within the timeout (a process never started, or
+processes started with different --num_processes). Once connected, the processes compare
+their --num_processes through the coordination service (process 0 with each, each with
+process 0), so a disagreement stops all of them, not one.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Mapping
+
+from t5lite.launch.cluster import Cluster, detect, tpu_vm_present
+
+DEFAULT_TIMEOUT = 300
+SETUP_EXIT_CODE = 2  # the CLI's code for a bad setup
+
+
+class DistributedSetupError(ValueError):
+  """The job could not form; the message says what to check (a ValueError: a bad setup)."""
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  group = parser.add_argument_group(
+      "multi-host (default: detected from TPU pod, SLURM, JobSet or Open MPI variables)")
+  group.add_argument("--coordinator_address", default=None, metavar="HOST:PORT",
+                     help="process 0's host and a free port on it, the same for every process")
+  group.add_argument("--num_processes", type=int, default=None,
+                     help="processes in the job (1: a single-process run, nothing detected)")
+  group.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
+  group.add_argument("--initialization_timeout", type=float, default=DEFAULT_TIMEOUT,
+                     metavar="SECONDS",
+                     help=f"give up (exit 2) when the job has not formed by then "
+                     f"(default {DEFAULT_TIMEOUT})")
+
+
+def resolve(coordinator_address: str | None, num_processes: int | None,
+            process_id: int | None, env: Mapping[str, str], *,
+            tpu_vm: bool | None = None) -> Cluster | None:
+  """The job this process belongs to (None: a single process). Raises DistributedSetupError
+  for flags that cannot describe a job."""
+  if num_processes is not None and num_processes < 1:
+    raise DistributedSetupError(f"--num_processes must be >= 1, got {num_processes}")
+  if num_processes == 1 and coordinator_address is None:
+    return None  # said explicitly: no detection
+  given = (coordinator_address, num_processes, process_id)
+  if all(v is not None for v in given):
+    found = Cluster("flags", *given)
+  else:
+    detected = detect(env, tpu_vm=tpu_vm_present() if tpu_vm is None else tpu_vm)
+    if detected is None and all(v is None for v in given):
+      return None
+    base = detected or Cluster("flags", None, None, None)
+    found = Cluster(base.kind if detected else "flags",
+                    coordinator_address or base.coordinator_address,
+                    num_processes if num_processes is not None else base.num_processes,
+                    process_id if process_id is not None else base.process_id)
+  return _checked(found)
+
+
+def _checked(cluster: Cluster) -> Cluster | None:
+  if cluster.kind == "tpu_vm" and cluster.num_processes is None:
+    return cluster  # JAX reads the rest from the TPU VM metadata server
+  n, i, address = cluster.num_processes, cluster.process_id, cluster.coordinator_address
+  if n is None or i is None or address is None:
+    missing = [flag for flag, value in (("--coordinator_address", address),
+                                        ("--num_processes", n), ("--process_id", i))
+               if value is None]
+    if n == 1 and address is None:
+      return None
+    raise DistributedSetupError(
+        f"a multi-process job needs {', '.join(missing)} ({cluster.describe()}); pass all of "
+        "--coordinator_address, --num_processes and --process_id, or none of them inside a "
+        "TPU pod, SLURM srun step, JobSet or mpirun")
+  if not 0 <= i < n:
+    raise DistributedSetupError(f"process id {i} is not in 0..{n - 1} ({n} processes)")
+  if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+    raise DistributedSetupError(f"coordinator address {address!r} is not HOST:PORT")
+  return None if n == 1 else cluster
+
+
+def _split(address: str) -> tuple[str, int]:
+  host, port = address.rsplit(":", 1)
+  return host.strip("[]"), int(port)
+
+
+def wait_for_coordinator(address: str, deadline: float) -> None:
+  """Returns once HOST:PORT accepts a TCP connection; raises DistributedSetupError when the
+  deadline (time.monotonic()) passes first. The host may not resolve yet (a pod starting)."""
+  host, port = _split(address)
+  error = None
+  while True:
+    try:
+      with socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline
+                                                                         - time.monotonic()))):
+        return
+    except OSError as e:
+      error = e
+    if time.monotonic() >= deadline:
+      raise DistributedSetupError(
+          f"could not reach the coordinator at {address} ({type(error).__name__}: {error}); "
+          "is process 0 running, is the address process 0's host and reachable from here, and "
+          "is the port free on it? (--initialization_timeout gives it longer)")
+    time.sleep(0.2)
+
+
+def _watchdog(seconds: float, message: str) -> threading.Timer:
+  """Ends the process with `message` and exit code 2 unless cancelled within `seconds`."""
+  def fire():
+    print(f"t5lite: error: {message}", file=sys.stderr, flush=True)
+    os._exit(SETUP_EXIT_CODE)
+  timer = threading.Timer(seconds, fire)
+  timer.daemon = True
+  timer.start()
+  return timer
+
+
+def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
+               log: Callable[[str], None] | None = None) -> None:
+  """Starts jax.distributed for `cluster` (see the module docstring); None: a single process.
+  Call before anything touches a JAX device."""
+  log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+  if cluster is None:
+    log("t5lite: single process (no --coordinator_address, and no TPU pod, SLURM srun step, "
+        "JobSet or mpirun environment detected)")
+    return
+  import jax
+  # t5lite agrees on preemption itself (trainer.py); JAX's service would catch SIGTERM in C++
+  # outside the training loop, where the default (stop now, nothing to save) is right.
+  try:
+    jax.config.update("jax_enable_preemption_service", False)
+  except (AttributeError, KeyError, ValueError):
+    pass  # a JAX without that option has no such service
+  started = time.monotonic()
+  deadline = started + timeout
+  if cluster.process_id not in (None, 0):
+    wait_for_coordinator(cluster.coordinator_address, deadline)
+  count = cluster.num_processes or "all"
+  timer = _watchdog(max(0.0, deadline - time.monotonic()), (
+      f"the job did not form within {timeout:g}s ({cluster.describe()}): not every one of the "
+      f"{count} processes joined. Start all of them, with the same --num_processes and "
+      "distinct --process_id; a process started with another --num_processes waits like "
+      "this too"))
+  try:
+    # JAX's own timeout is a fatal abort: leave it to the watchdog, a little later.
+    jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes,
+                               cluster.process_id, initialization_timeout=int(timeout) + 30)
+    _check_agreement(deadline)
+  finally:
+    timer.cancel()
+  if jax.process_index() == 0:
+    log(f"t5lite: {jax.process_count()} processes, {jax.device_count()} devices "
+        f"({jax.local_device_count()} per process) via {cluster.describe()} "
+        f"in {time.monotonic() - started:.1f}s")
+
+
+def _check_agreement(deadline: float) -> None:
+  """Each process compares its process count with process 0's, and process 0 with everyone's,
+  through the coordination service's key-value store: before any device exists, since a
+  process that expects more processes than joined would wait for them when JAX builds its
+  devices."""
+  from jax._src import distributed as jax_distributed
+  state = jax_distributed.global_state
+  index, count = state.process_id, state.num_processes
+  state.client.key_value_set(f"t5lite/num_processes/{index}", str(count))
+  for other in range(1, count) if index == 0 else (0,):
+    milliseconds = max(1, int((deadline - time.monotonic()) * 1000))
+    try:
+      theirs = int(state.client.blocking_key_value_get(f"t5lite/num_processes/{other}",
+                                                       milliseconds))
+    except Exception as e:  # the runtime's timeout error (a type private to jaxlib)
+      raise DistributedSetupError(f"process {other} did not report its process count in "
+                                  f"time: {e}") from e
+    if theirs != count:
+      raise DistributedSetupError(
+          f"process {other} was started with --num_processes={theirs}, process {index} with "
+          f"{count}; give every process the same --num_processes")
