@@ -27,10 +27,7 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MI
 
 def main(argv: list[str]) -> int:
   if not argv or argv[0] not in FORMATS:
-    asked = bool(argv) and argv[0] in ("-h", "--help")
-    print(__doc__ + "\nformats:\n" + "\n".join(f"  {k:8s} {v}" for k, v in FORMATS.items()),
-          file=sys.stdout if asked else sys.stderr)
-    return 0 if asked else 2
+    return usage(__doc__, FORMATS, argv)
   fmt, rest = argv[0], argv[1:]
   if fmt == "serving":
     from t5lite.export import serving
@@ -42,6 +39,14 @@ def main(argv: list[str]) -> int:
                           args.checkpoint, args.out, dtype=args.dtype)
   print(json.dumps(summary))
   return 0
+
+
+def usage(doc: str, formats: dict[str, str], argv: list[str]) -> int:
+  """The verb's usage and formats: on stdout and 0 for --help, else on stderr and 2."""
+  asked = bool(argv) and argv[0] in ("-h", "--help")
+  print(doc + "\nformats:\n" + "\n".join(f"  {k:8s} {v}" for k, v in formats.items()),
+        file=sys.stdout if asked else sys.stderr)
+  return 0 if asked else 2
 
 
 def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,

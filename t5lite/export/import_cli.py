@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import warnings
 
 FORMATS = {
@@ -22,10 +21,8 @@ FORMATS = {
 
 def main(argv: list[str]) -> int:
   if not argv or argv[0] not in FORMATS:
-    asked = bool(argv) and argv[0] in ("-h", "--help")
-    print(__doc__ + "\nformats:\n" + "\n".join(f"  {k:8s} {v}" for k, v in FORMATS.items()),
-          file=sys.stdout if asked else sys.stderr)
-    return 0 if asked else 2
+    from t5lite.export.export_cli import usage
+    return usage(__doc__, FORMATS, argv)
   fmt, rest = argv[0], argv[1:]
   if fmt == "t5x":
     from t5lite.export import t5x
