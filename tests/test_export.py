@@ -28,6 +28,9 @@ from conftest import tiny
 SAMPLE = ["Héllo wörld — naïve café, 日本語のテキスト, emoji 🙂 done.",
           "  two leading spaces,  doubled  ones\tand a tab\nand a newline  ",
           "Ünïcödé ﬁ ligature ½ and Ωmega", ""]
+# Sentinels typed inside text, and whitespace at the edges of lines and texts.
+EDGES = ["x <extra_id_0> y", "a<extra_id_0>b", "foo<extra_id_0> bar <extra_id_9>", "  x",
+         "x\n  y\n z", "   ", " a  "]
 V1_0 = dict(mlp_activation="relu", tie_output_embedding=True, scale_logits=True)
 
 
@@ -152,7 +155,7 @@ def test_tokenizer_json_encodes_like_the_sentencepiece_vocabulary(model_type, no
   hf_tokenizer.write_hf_tokenizer(vocab, str(tmp_path))
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
   fallback, differ = 0, []
-  for text in SAMPLE + stdlib_text().split("\n\n")[:40]:
+  for text in SAMPLE + EDGES + stdlib_text().split("\n\n")[:40]:
     ours = vocab.encode(text).tolist()
     theirs = tokenizer(text, add_special_tokens=False).input_ids
     if theirs != ours:
@@ -161,7 +164,7 @@ def test_tokenizer_json_encodes_like_the_sentencepiece_vocabulary(model_type, no
     assert tokenizer(text).input_ids == ours + [vocab.eos_id]  # HF T5 appends EOS
     assert tokenizer.decode(ours) == vocab.decode(ours)
     fallback += sum(3 <= i < 3 + 256 for i in ours)  # byte pieces <0x00>.. follow the specials
-  assert not any(text in SAMPLE for text in differ)
+  assert not any(text in SAMPLE + EDGES for text in differ)
   # One paragraph of the NFKC model splits '(before' as o+re in sentencepiece, or+e in
   # tokenizers (whose nbest and short-text encodes agree with or+e): a Viterbi near-tie
   # that HF's own converted T5 tokenizers share. Identity-normalized models match exactly.

@@ -5,25 +5,29 @@ sentencepiece's byte fallback (REFERENCE §7): a character outside the pieces be
 instead of its UTF-8 bytes. So besides `spiece.model` we write `tokenizer.json` ourselves,
 straight from the model proto, in the `tokenizers` library's documented JSON format:
 
-  normalizer     the model's precompiled charsmap (NFKC for T5's own), extra-space removal,
-                 then one '▁' prepended and spaces made '▁', over the whole text at once
-  pre_tokenizer  Metaspace without prepending: words split before each '▁'
-                 (sentencepiece's split_by_whitespace)
+  normalizer     the model's precompiled charsmap (NFKC for T5's own), extra-space removal
+  pre_tokenizer  Metaspace: spaces become '▁', one '▁' is prepended to the text (not after
+                 each sentinel), words split before each '▁' (split_by_whitespace)
   model          Unigram (piece, score) table with byte_fallback, or BPE with merges
   post_processor `$A </s>`: HF's T5 tokenizers append EOS (t5lite's encode does not;
                  seqio appends it in a preprocessor)
   added_tokens   <pad> </s> <unk> and the <extra_id_N> sentinels, matched in the normalized
                  text as sentencepiece matches user-defined pieces
 
-The dummy prefix is a normalizer step, not Metaspace's prepend_scheme, because Metaspace adds
-no '▁' to text that already starts with one ("  x" would lose a space), and prepending per
-added-token split would add one after every sentinel. Saved with tokenizer_class
-"PreTrainedTokenizerFast", which loads tokenizer.json as it is: transformers 5's T5Tokenizer
-would rebuild the pipeline around our vocabulary with byte fallback off.
+Leading spaces need care: Metaspace prepends no '▁' to text that already starts with one,
+nor to text whose first characters a normalizer removed. So the normalizer turns them into
+the dummy prefix itself: "  x" -> "▁  x" (-> "▁▁▁x") for models that keep whitespace, and
+"  x" -> "▁x" for models that strip it (T5's). It runs on the whole text once; sentinel
+contents, normalized too, never start with a space. Saved with tokenizer_class
+"PreTrainedTokenizerFast",
+which loads tokenizer.json as it is: transformers 5's T5Tokenizer would rebuild the pipeline
+around our vocabulary with byte fallback off.
 
-One known difference: a sentinel typed as text ("a <extra_id_0> b") loses the '▁' that
-sentencepiece puts before it, as in HF's own T5 tokenizers; real text and sentinel ids
-appended as ids (how span corruption makes them) encode identically.
+Known differences, none in ordinary text: text that starts with a sentinel lacks the lone
+'▁' sentencepiece puts before it, and "</s>", "<pad>", "<unk>" or a byte piece's name
+("<0x41>") typed as text become those ids where sentencepiece spells them out (HF's own T5
+tokenizers share the first two; tokenizers' Unigram has no way to keep byte pieces out of
+its lattice).
 
 A ByteVocabulary is ByT5's layout, which transformers' ByT5Tokenizer reproduces by itself.
 """
@@ -85,7 +89,7 @@ def tokenizer_json(vocabulary: SentencePieceVocabulary) -> dict:
       "added_tokens": [_added_token(i, text) for i, text in sorted(added + extras)],
       "normalizer": _normalizer(normalizer),
       "pre_tokenizer": {"type": "Metaspace", "replacement": SPACE, "split": True,
-                        "prepend_scheme": "never"},
+                        "prepend_scheme": "first" if normalizer.add_dummy_prefix else "never"},
       "post_processor": {
           "type": "TemplateProcessing",
           "single": [{"Sequence": {"id": "A", "type_id": 0}},
@@ -113,26 +117,28 @@ def _added_token(i: int, text: str) -> dict:
           "normalized": True, "special": True}
 
 
-def _normalizer(spec) -> dict:
+def _normalizer(spec) -> dict | None:
   steps = []
   if spec.precompiled_charsmap:
     import base64
     steps.append({"type": "Precompiled",
                   "precompiled_charsmap": base64.b64encode(spec.precompiled_charsmap).decode()})
+  # \A, not ^: Oniguruma's ^ also matches after every newline.
   if spec.remove_extra_whitespaces:
     # sentencepiece strips leading/trailing spaces and squeezes runs of them to one.
-    steps += [{"type": "Strip", "strip_left": True, "strip_right": True},
+    steps += [{"type": "Strip", "strip_left": False, "strip_right": True},
+              {"type": "Replace", "pattern": {"Regex": r"\A +"},
+               "content": SPACE if spec.add_dummy_prefix else ""},
               {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]
-  if spec.add_dummy_prefix:
-    steps.append({"type": "Prepend", "prepend": SPACE})
-  steps.append({"type": "Replace", "pattern": {"String": " "}, "content": SPACE})
-  return {"type": "Sequence", "normalizers": steps}
+  elif spec.add_dummy_prefix:
+    steps.append({"type": "Replace", "pattern": {"Regex": r"\A "}, "content": SPACE + " "})
+  return {"type": "Sequence", "normalizers": steps} if steps else None
 
 
 def _model(proto, extras: list[tuple[int, str]]) -> dict:
   trainer = proto.trainer_spec
-  pieces = [(p.piece, p.score) for p in proto.pieces] + [(text, 0.0) for _, text in
-                                                         sorted(extras)]
+  pieces = [(p.piece, p.score) for p in proto.pieces]
+  pieces += [(text, 0.0) for _, text in sorted(extras)]
   if trainer.model_type == spm_pb2.TrainerSpec.UNIGRAM:
     return {"type": "Unigram", "unk_id": trainer.unk_id, "vocab": [list(p) for p in pieces],
             "byte_fallback": trainer.byte_fallback}
@@ -146,7 +152,7 @@ def _model(proto, extras: list[tuple[int, str]]) -> dict:
                    "has no tokenizer.json equivalent; export UNIGRAM or BPE models")
 
 
-def _bpe_merges(proto, vocab: dict[str, int]) -> list[list[str]]:
+def _bpe_merges(proto, vocab: dict[str, int]) -> list[str]:
   """BPE merges in sentencepiece's priority order (by piece score, best first): every way of
   splitting a normal piece into two known pieces, as transformers' converter derives them."""
   merges = []
@@ -156,6 +162,8 @@ def _bpe_merges(proto, vocab: dict[str, int]) -> list[list[str]]:
     for cut in range(1, len(piece.piece)):
       left, right = piece.piece[:cut], piece.piece[cut:]
       if left in vocab and right in vocab:
-        merges.append((vocab[left], vocab[right], piece.score, [left, right]))
+        merges.append((vocab[left], vocab[right], piece.score, f"{left} {right}"))
   merges.sort(key=lambda m: (-m[2], m[0], m[1]))
+  # "left right" strings: every tokenizers version reads them (pairs only from 0.20 on);
+  # sentencepiece pieces hold '▁', never an ASCII space.
   return [m[3] for m in merges]
