@@ -247,6 +247,10 @@ def test_untrusted_or_damaged_weight_files_are_refused_naming_the_file(tmp_path)
   torch.save({"shared.weight": torch.zeros(2), "payload": Exploit()}, source / hf.TORCH_FILE)
   with pytest.raises(ValueError, match="pytorch_model.bin cannot be read as a weights-only"):
     hf.load_hf(str(source))
+  # weights_only allows plain values too: a non-tensor entry is named with its file.
+  torch.save({"shared.weight": torch.zeros(2), "step": 7}, source / hf.TORCH_FILE)
+  with pytest.raises(ValueError, match="pytorch_model.bin: entry 'step' is not a tensor"):
+    hf.load_hf(str(source))
 
 
 class Exploit:

@@ -202,6 +202,18 @@ def test_variants_without_an_hf_equivalent_are_refused(changes, field, tmp_path)
   assert not os.listdir(tmp_path)  # nothing half-written
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_and_scaled_logits_must_agree(tied, tmp_path):
+  """transformers 4.x reads tie_word_embeddings as tied *and* scaled: any other combination
+  would give it wrong logits, so it is refused before anything is written."""
+  from conftest import tiny
+  config = tiny(tie_output_embedding=tied, scale_logits=not tied)
+  with pytest.raises(ValueError, match=f"tie_output_embedding={tied} but scale_logits="
+                     f"{not tied}: HF's T5 layout .transformers 4.x semantics.* needs them equal"):
+    t5lite.save_hf(config, None, str(tmp_path))  # refused before the params are looked at
+  assert not os.listdir(tmp_path)
+
+
 def test_missing_or_misshapen_tensors_are_named(saved_hf, tmp_path):
   _, _, path = saved_hf
   tensors = safetensors.numpy.load_file(os.path.join(path, "model.safetensors"))

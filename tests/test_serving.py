@@ -5,10 +5,12 @@ import inspect
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -17,8 +19,8 @@ from flax import traverse_util
 from conftest import REPO, tiny
 from t5lite import cli
 from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
-from t5lite.export import serving
-from t5lite.export.params_only import write_model_dir
+from t5lite.export import serving, serving_loader
+from t5lite.export.params_only import cast_params, write_model_dir
 from t5lite.models import decoding
 from t5lite.models.params import init_params
 from t5lite.train.model_dir import load_params
@@ -227,3 +229,33 @@ def test_export_refusals(artifacts):
   with pytest.raises(ValueError, match="methods"):
     serving.export_serving(model_dir, artifact.parent / "new", input_length=16,
                            max_decode_length=8, methods=("sample",))
+
+
+def test_cpu_only_artifacts_run_on_the_cpu_under_a_gpu_default_backend(artifacts, tmp_path,
+                                                                      monkeypatch):
+  cpu = jax.devices("cpu")[0]
+  assert serving_loader.run_device(["cpu"], "cuda") == cpu
+  assert serving_loader.run_device(["cpu", "cuda"], "cuda") is None  # the default device
+  assert serving_loader.run_device(["cpu"], "cpu") is None
+  artifact = tmp_path / "artifact"
+  shutil.copytree(artifacts["byte"][1], artifact)
+  manifest = json.loads((artifact / "serving.json").read_text())
+  (artifact / "serving.json").write_text(json.dumps({**manifest, "platforms": ["cpu"]}))
+  monkeypatch.setattr(jax.export, "default_export_platform", lambda: "cuda")
+  model = serving_loader.ServingModel.load(artifact)
+  assert model.device == cpu
+  assert {device for x in jax.tree.leaves(model.params) for device in x.devices()} == {cpu}
+
+
+def test_bf16_params_round_trip_through_the_loader(live, tmp_path):
+  """A bf16 export's params.safetensors, read by the artifact's loader: dtype and bits kept.
+  (A whole bf16 artifact in the fresh process would cost several seconds of compiling.)"""
+  params = cast_params(live[1], "bfloat16")
+  serving._write_artifact(str(tmp_path), {"exports": {}}, params, {}, None)
+  loaded = traverse_util.flatten_dict(
+      serving_loader.load_params(tmp_path / serving.PARAMS_FILE), sep="/")
+  flat = traverse_util.flatten_dict(params, sep="/")
+  assert sorted(loaded) == sorted(flat)
+  for key, value in flat.items():
+    assert loaded[key].dtype == np.dtype("bfloat16") == value.dtype, key
+    assert loaded[key].tobytes() == np.asarray(value).tobytes(), key

@@ -17,7 +17,7 @@ import t5lite
 from conftest import tiny
 from t5lite import cli
 from t5lite.data.vocabularies import train_sentencepiece
-from t5lite.export import t5x
+from t5lite.export import t5x, t5x_files
 from t5lite.models.params import init_params
 from t5lite.train import model_dir
 
@@ -208,8 +208,9 @@ def test_import_is_bitwise_and_gives_the_same_logits(layout, config, spm_file, t
   if layout == "msgpack":
     write_msgpack_checkpoint(os.path.join(t5x_dir, f"checkpoint_{STEP}"), target, STEP)
     os.makedirs(os.path.join(t5x_dir, f"checkpoint_{STEP + 10}.tmp-1234"))  # unfinished save
+    spm_inside = shutil.copy(spm_file, t5x_dir)  # config.gin is followed inside the model dir
     with open(os.path.join(t5x_dir, "config.gin"), "w") as f:
-      f.write(GIN_BLOCK.format(spm=spm_file, acts=acts, tied=tied))
+      f.write(GIN_BLOCK.format(spm=spm_inside, acts=acts, tied=tied))
     args = []
   elif layout == "orbax":
     write_orbax_checkpoint(t5x_dir, target, STEP)
@@ -250,33 +251,58 @@ def test_step_folder_and_step_flag(tmp_path):
   assert config.scan_layers and "layers" in scanned["encoder"]
 
 
-def _scalable_target(config, params, relpos_equal=True) -> dict[str, np.ndarray]:
-  """scalable_t5 scanned: encoder/encoder/... with the layer axis at param_scan_axis=1,
-  3-D q/k/v/out kernels, and a relpos table in every layer (relpos_bias inside the layer)."""
+def _scalable_target(config, params, scan: str | None, relpos: str,
+                     relpos_equal=True) -> dict[str, np.ndarray]:
+  """scalable_t5 (t5x/examples/scalable_t5/network.py): 3-D q/k/v/out kernels and a relative
+  position table `relpos` inside every layer. Scanned, a stack's layers are `scan`
+  ('layers': encoder/layers/...; 'stack': encoder/encoder/..., the naming of the released
+  umT5 checkpoints) with the layer axis at param_scan_axis=1; unscanned (None) layers_N."""
   flat = {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(params).items()}
   out = {k: v for k, v in flat.items() if "layers_" not in k and "relpos_bias" not in k}
   for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
-    names = {k.split("/", 2)[2] for k in flat if k.startswith(f"{stack}/layers_0/")}
-    for name in names:
-      out[f"{stack}/{stack}/{name}"] = np.stack(
-          [flat[f"{stack}/layers_{i}/{name}"] for i in range(n)], axis=1)
     table = flat[f"{stack}/relpos_bias/rel_embedding"].T  # (heads, buckets)
-    copies = [table if relpos_equal or i == 0 else table + 1 for i in range(n)]
-    out[f"{stack}/{stack}/relpos_bias/rel_embedding"] = np.stack(copies, axis=1)
+    per_layer = [{k.split("/", 2)[2]: v for k, v in flat.items()
+                  if k.startswith(f"{stack}/layers_{i}/")} for i in range(n)]
+    for i, layer in enumerate(per_layer):
+      layer[f"{relpos}/rel_embedding"] = table if relpos_equal or i == 0 else table + 1
+    for name in per_layer[0]:
+      if scan is None:
+        out.update({f"{stack}/layers_{i}/{name}": layer[name] for i, layer in enumerate(per_layer)})
+      else:
+        out[f"{stack}/{stack if scan == 'stack' else scan}/{name}"] = np.stack(
+            [layer[name] for layer in per_layer], axis=1)
   return out
 
 
-def test_scanned_scalable_t5_layout(tmp_path):
+SCALABLE_NAMINGS = [("layers", "relative_posemb"), ("stack", "relpos_bias"),
+                    (None, "relative_posemb")]
+
+
+@pytest.mark.parametrize("scan, relpos", SCALABLE_NAMINGS,
+                         ids=["layers-relative_posemb", "stack-relpos_bias", "unscanned"])
+def test_scalable_t5_layouts(scan, relpos, tmp_path):
   params = init_params(V11, 3)
   ckpt = str(tmp_path / "checkpoint_5")
-  write_msgpack_checkpoint(ckpt, _scalable_target(V11, params), 5)
+  write_msgpack_checkpoint(ckpt, _scalable_target(V11, params, scan, relpos), 5)
   config, imported = t5x.load_t5x(ckpt, scan_layers=False)
   assert config == V11
   _assert_bitwise(imported, params)
-  other = str(tmp_path / "other" / "checkpoint_5")
-  write_msgpack_checkpoint(other, _scalable_target(V11, params, relpos_equal=False), 5)
-  with pytest.raises(t5x.T5XCheckpointError, match="layer 1 has its own relative position"):
-    t5x.load_t5x(other)
+
+
+@pytest.mark.parametrize("scan, relpos", SCALABLE_NAMINGS[:1] + SCALABLE_NAMINGS[2:],
+                         ids=["scanned", "unscanned"])
+def test_scalable_t5_per_layer_tables_are_refused_before_the_weights_are_read(scan, relpos,
+                                                                              tmp_path):
+  """scalable_t5 initializes every layer's table on its own: t5lite (one table per stack)
+  refuses such a checkpoint up front, before reading the weights (here: one with a lost
+  chunk, which would fail the import if it were read first)."""
+  ckpt = str(tmp_path / "checkpoint_5")
+  write_msgpack_checkpoint(ckpt, _scalable_target(V11, init_params(V11, 3), scan, relpos,
+                                                  relpos_equal=False), 5)
+  os.remove(os.path.join(ckpt, "target.token_embedder.embedding", "1.0"))
+  with pytest.raises(t5x.T5XCheckpointError, match="layer 1 has its own relative position "
+                     "table.*t5lite shares one table per stack"):
+    t5x.load_t5x(ckpt)
 
 
 @pytest.fixture
@@ -321,6 +347,44 @@ def test_truncated_chunk_names_the_file(good_checkpoint, tmp_path, capsys):
   open(chunk, "wb").write(data[: len(data) // 2])
   err = _import_error(t5x_dir, tmp_path, capsys)
   assert f"checkpoint_{STEP}/target.encoder.layers_0.mlp.wi_0.kernel: truncated or corrupted" in err
+
+
+def test_missing_chunk_names_the_array(good_checkpoint, tmp_path, capsys):
+  """tensorstore reads a missing zarr chunk as zeros unless told not to."""
+  target, t5x_dir, _ = good_checkpoint
+  ckpt = os.path.join(t5x_dir, f"checkpoint_{STEP}")
+  write_msgpack_checkpoint(ckpt, target, STEP)
+  os.remove(os.path.join(ckpt, "target.encoder.layers_0.mlp.wi_0.kernel", "1.0"))
+  err = _import_error(t5x_dir, tmp_path, capsys)
+  assert (f"checkpoint_{STEP}/target.encoder.layers_0.mlp.wi_0.kernel: a chunk file is missing"
+          in err), err
+
+
+def test_oversized_msgpack_names_the_file_and_the_cap(tmp_path, monkeypatch):
+  assert t5x_files.MAX_MSGPACK_BYTES == 4 << 30  # version 0 inlines arrays; read whole
+  ckpt = tmp_path / "checkpoint_3"
+  ckpt.mkdir()
+  (ckpt / "checkpoint").write_bytes(b"\x80" * 100)
+  monkeypatch.setattr(t5x_files, "MAX_MSGPACK_BYTES", 64)
+  with pytest.raises(t5x.T5XCheckpointError,
+                     match="checkpoint_3/checkpoint: 100 bytes, over the 64 byte"):
+    t5x_files.read_target(str(ckpt))
+
+
+def test_config_gin_vocabulary_is_only_followed_inside_the_model_dir(spm_file, tmp_path,
+                                                                     capsys):
+  """config.gin is untrusted: its sentencepiece_model_file must not read any local file."""
+  t5x_dir = tmp_path / "t5x"
+  (t5x_dir / "vocab").mkdir(parents=True)
+  shutil.copy(spm_file, t5x_dir / "vocab" / "sentencepiece.model")
+  os.symlink(spm_file, t5x_dir / "link.model")  # a symlink out is outside too
+  gin = "seqio.SentencePieceVocabulary.sentencepiece_model_file = '{}'\n"
+  for outside in (spm_file, "link.model", os.path.relpath(spm_file, t5x_dir)):
+    assert t5x._gin_vocabulary(gin.format(outside), None, str(t5x_dir)) is None, outside
+    err = capsys.readouterr().err
+    assert "outside the T5X model dir" in err and "pass --vocabulary" in err, err
+  for inside in (str(t5x_dir / "vocab" / "sentencepiece.model"), "vocab/sentencepiece.model"):
+    assert t5x._gin_vocabulary(gin.format(inside), 100, str(t5x_dir)) is not None, inside
 
 
 def test_truncated_msgpack_names_the_file(good_checkpoint, tmp_path, capsys):

@@ -3,14 +3,14 @@
 Layout facts (REFERENCE §4): torch Linear weights are (out, in), so kernels are transposed;
 attention kernels (D, H, K) flatten to (H*K, D). The relative bias table sits in block 0 of
 each stack. transformers 5.x always says `tie_word_embeddings: true` and records logit
-scaling as `scale_decoder_outputs`; 4.x-era configs use `tie_word_embeddings` for both.
+scaling as `scale_decoder_outputs`; 4.x-era configs use `tie_word_embeddings` for both, so an
+export needs tie_output_embedding == scale_logits (the combinations both read alike).
 A model is untied when its checkpoint has an `lm_head.weight` that differs from `shared.weight`.
 """
 from __future__ import annotations
 
 import json
 import os
-import warnings
 from typing import Mapping
 
 import ml_dtypes
@@ -48,8 +48,13 @@ def config_to_hf(config: ModelConfig) -> dict:
       raise ValueError(f"HF T5 has no equivalent of {field}={value!r} (it needs {needed!r}); "
                        "this model cannot be exported to the HF T5 layout")
   if config.tie_output_embedding != config.scale_logits:
-    warnings.warn("tie_output_embedding != scale_logits: only transformers >= 5 reads this "
-                  "combination correctly (4.x ties and scales together)")
+    # transformers 4.x reads tie_word_embeddings as "tie and scale": such an export would
+    # give it wrong logits (5.x alone reads scale_decoder_outputs).
+    raise ValueError(
+        f"tie_output_embedding={config.tie_output_embedding} but scale_logits="
+        f"{config.scale_logits}: HF's T5 layout (transformers 4.x semantics, where "
+        "tie_word_embeddings means tied and scaled) needs them equal; this model cannot be "
+        "exported to it")
   return {
       "architectures": ["T5ForConditionalGeneration"],
       "model_type": "t5",
@@ -217,6 +222,11 @@ def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
     except Exception as e:  # a truncated zip, or a pickle that needs more than tensors
       raise ValueError(f"{path} cannot be read as a weights-only torch checkpoint: "
                        f"{type(e).__name__}: {e}") from e
+    if not isinstance(state, dict):
+      raise ValueError(f"{path}: a {type(state).__name__}, not a state dict of tensors")
+    for key, value in state.items():
+      if not isinstance(value, torch.Tensor):  # weights_only still allows ints, lists, dicts
+        raise ValueError(f"{path}: entry {key!r} is not a tensor (a {type(value).__name__})")
     tensors.update(_check_dtypes({k: _torch_to_numpy(v) for k, v in state.items()}, path))
   return tensors
 

@@ -16,6 +16,9 @@ jax needs the flatbuffers package to read the exported functions.
 Outputs follow `t5lite.generate`: ids without the start token, EOS (1) included, 0 after EOS.
 Text is encoded as t5lite's vocabularies do, with EOS appended (as `t5lite infer` does), and
 decoded like their `decode`. An input longer than the artifact's input_length is refused.
+The model runs on jax's default device when the artifact was lowered for its platform
+(serving.json's "platforms"), else on the cpu: an artifact exported for cpu alone still runs
+on a machine whose default backend is a GPU.
 """
 from __future__ import annotations
 
@@ -36,16 +39,17 @@ PAD_ID, EOS_ID = 0, 1
 
 
 class ServingModel:
-  """An artifact's exported decode functions, its params (on the default device) and its
-  vocabulary (None when the artifact has none: ids only)."""
+  """An artifact's exported decode functions, its params (on `device`, see run_device) and
+  its vocabulary (None when the artifact has none: ids only)."""
 
   def __init__(self, directory: pathlib.Path, manifest: dict, params, functions: dict,
-               vocabulary):
+               vocabulary, device=None):
     self.directory = directory
     self.manifest = manifest
     self.params = params
     self.functions = functions  # method -> jitted Exported.call(params, tokens)
     self.vocabulary = vocabulary
+    self.device = device  # None: jax's default device
 
   @classmethod
   def load(cls, directory) -> "ServingModel":
@@ -56,7 +60,8 @@ class ServingModel:
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
       raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    params = jax.device_put(load_params(directory / manifest["params"]))
+    device = run_device(manifest.get("platforms") or ["cpu"])
+    params = jax.device_put(load_params(directory / manifest["params"]), device)
     functions = {}
     for method, file_name in manifest["exports"].items():
       exported = jax.export.deserialize(bytearray((directory / file_name).read_bytes()))
@@ -64,7 +69,7 @@ class ServingModel:
     vocabulary = None
     if manifest.get("vocabulary"):
       vocabulary = load_vocabulary(directory, manifest["vocabulary"])
-    return cls(directory, manifest, params, functions, vocabulary)
+    return cls(directory, manifest, params, functions, vocabulary, device)
 
   @property
   def input_length(self) -> int:
@@ -83,7 +88,10 @@ class ServingModel:
     tokens = self._padded(tokens)
     if tokens.shape[0] == 0:
       return np.zeros((0, self.max_decode_length), np.int32)
-    return np.asarray(self.functions[method](self.params, tokens))
+    if self.device is None:
+      return np.asarray(self.functions[method](self.params, tokens))
+    with jax.default_device(self.device):  # the tokens go where the params are
+      return np.asarray(self.functions[method](self.params, tokens))
 
   def generate_text(self, texts: Sequence[str], method: str = "greedy") -> list[str]:
     """Encodes each text (EOS appended), decodes the batch, and returns the output texts."""
@@ -118,6 +126,16 @@ class ServingModel:
     return (f"{what} {length} tokens (EOS included), more than this artifact's input_length "
             f"{self.input_length}; shorten the input or export again with a larger "
             "--input_length (inputs are never truncated)")
+
+
+def run_device(platforms: Sequence[str], default_platform: str | None = None):
+  """None (run on jax's default device) when the artifact's functions were lowered for the
+  default platform, else the first cpu device: every artifact holds a cpu lowering, and a
+  function lowered for cpu alone cannot run on a GPU. default_platform: jax.export's name of
+  the default backend ('cpu', 'cuda', 'rocm', 'tpu'; jax.default_backend() says 'gpu')."""
+  if default_platform is None:
+    default_platform = jax.export.default_export_platform()
+  return None if default_platform in platforms else jax.devices("cpu")[0]
 
 
 def load_params(path: pathlib.Path) -> dict:

@@ -9,11 +9,16 @@ Layouts read: t5x_files.py (msgpack + tensorstore, and T5X's orbax layout). Only
 
 Param names (t5x/examples/t5/network.py, layers.py) are t5lite's own, except that
 q/k/v kernels are stored joined, (embed, heads*kv), the out kernel (heads*kv, embed), and
-`relpos_bias/rel_embedding` is (heads, buckets). scalable_t5 (examples/scalable_t5) keeps 3-D
-kernels, one relpos table per layer (t5lite has one per stack: they must be equal) and, when
-scanned, `encoder/encoder/...` with the layer axis at `param_scan_axis` (1).
-`logits_via_embedding` (no `decoder/logits_dense`) divides logits by sqrt(emb_dim): t5lite's
-tie_output_embedding and scale_logits together. LayerNorm epsilon is T5X's fixed 1e-6.
+`relpos_bias/rel_embedding` is (heads, buckets). `logits_via_embedding` (no
+`decoder/logits_dense`) divides logits by sqrt(emb_dim): t5lite's tie_output_embedding and
+scale_logits together. LayerNorm epsilon is T5X's fixed 1e-6.
+
+scalable_t5 (examples/scalable_t5) keeps 3-D kernels and a relative position table inside
+every layer (`relpos_bias`, or `relative_posemb` in other versions of its network.py); scanned,
+a stack's layers are `encoder/encoder/...` or `encoder/layers/...`, the layer axis at
+`param_scan_axis` (1). t5lite shares one table per stack, and scalable_t5 initializes each
+layer's table on its own, so its trained checkpoints are refused (before their weights are
+read); only those whose tables are equal within each stack import.
 
 Untrusted input: t5x_files.py reads with size limits and keeps every path inside the
 checkpoint; here each array's shape and dtype are checked against the inferred config before
@@ -42,6 +47,10 @@ ACTIVATIONS_FROM_T5X = {("relu",): "relu", ("gelu",): "gelu", ("gelu", "linear")
                         ("silu", "linear"): "swiglu", ("swish", "linear"): "swiglu",
                         ("relu", "linear"): "reglu"}
 ATTENTIONS = ("attention", "self_attention", "encoder_decoder_attention")
+# scalable_t5's scanned layers: `encoder/layers/...`, or named like their stack (`encoder/encoder`).
+SCAN_NAMES = ("layers", "encoder")
+# scalable_t5's per-layer relative position table, in the versions of its network.py.
+RELPOS_NAMES = ("relpos_bias", "relative_posemb")
 
 
 # --- config.gin: a few T5X bindings, no gin import ---------------------------------------------
@@ -113,21 +122,36 @@ def _shape(target: dict, key: tuple[str, ...], axis: int | None = None) -> tuple
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """How a T5X tree stores the model: joined 2-D q/k/v/out kernels (examples/t5) or 3-D
-  (scalable_t5); scanned stacks and their layer axis; relpos per stack or per layer."""
+  (scalable_t5); scanned stacks, their name and layer axis; relpos per stack or per layer,
+  and the per-layer table's name."""
   joined: bool
   scanned: bool
   scan_axis: int
   relpos_per_layer: bool
+  scan_name: str = "layers"  # 'layers', or 'encoder': each stack's scan named like the stack
+  relpos_name: str = "relpos_bias"
+
+  def layer_key(self, stack: str, layer: int) -> tuple[str, str]:
+    """T5X key of one layer: stack/layers_N, or the stack's scanned layers."""
+    if not self.scanned:
+      return stack, f"layers_{layer}"
+    return stack, stack if self.scan_name == "encoder" else self.scan_name
+
+  def relpos_key(self, stack: str, layer: int = 0) -> tuple[str, ...]:
+    if not self.relpos_per_layer:
+      return stack, "relpos_bias", "rel_embedding"
+    return self.layer_key(stack, layer) + (self.relpos_name, "rel_embedding")
 
 
 def infer_config(target: dict, gin: dict[str, Any], hints: dict[str, Any],
                  note: Callable[[str], None]) -> tuple[ModelConfig, Layout]:
   """ModelConfig from the arrays' shapes and presence, config.gin's T5Config, then hints."""
-  scanned = ("encoder", "encoder", "pre_attention_layer_norm", "scale") in target
-  axis = gin.get("param_scan_axis", 1) if scanned else None
+  scan_name = next((name for name in SCAN_NAMES
+                    if ("encoder", name, "pre_attention_layer_norm", "scale") in target), None)
+  axis = gin.get("param_scan_axis", 1) if scan_name else None
   axis = axis if axis is None or isinstance(axis, int) else 1
   try:
-    values, gated, layout = _from_shapes(target, scanned, axis)
+    values, gated, layout = _from_shapes(target, scan_name, axis)
   except T5XCheckpointError:
     raise
   except (ValueError, IndexError, ZeroDivisionError) as e:  # arrays of the wrong rank
@@ -138,19 +162,23 @@ def infer_config(target: dict, gin: dict[str, Any], hints: dict[str, Any],
   return ModelConfig(**values), layout
 
 
-def _from_shapes(target: dict, scanned: bool, axis: int | None) -> tuple[dict, bool, Layout]:
+def _from_shapes(target: dict, scan_name: str | None,
+                 axis: int | None) -> tuple[dict, bool, Layout]:
   """ModelConfig values, gated MLP or not, and the Layout, from shapes and presence."""
-  first = ("encoder", "encoder") if scanned else ("encoder", "layers_0")
-  vocab, d_model = _shape(target, ("token_embedder", "embedding"))
   per_layer = ("encoder", "relpos_bias", "rel_embedding") not in target
-  relpos = _shape(target, first + ("relpos_bias", "rel_embedding") if per_layer
-                  else ("encoder", "relpos_bias", "rel_embedding"), axis if per_layer else None)
-  heads, buckets = relpos  # (heads, buckets)
+  layout = Layout(joined=True, scanned=scan_name is not None, scan_axis=axis or 0,
+                  relpos_per_layer=per_layer, scan_name=scan_name or "layers")
+  first = layout.layer_key("encoder", 0)
+  layout = dataclasses.replace(layout, relpos_name=next(
+      (name for name in RELPOS_NAMES if first + (name, "rel_embedding") in target),
+      RELPOS_NAMES[0]))
+  vocab, d_model = _shape(target, ("token_embedder", "embedding"))
+  heads, buckets = _shape(target, layout.relpos_key("encoder"), axis if per_layer else None)
   query = _shape(target, first + ("attention", "query", "kernel"), axis)
   gated = first + ("mlp", "wi_0", "kernel") in target
   d_ff = _shape(target, first + ("mlp", "wi_0" if gated else "wi", "kernel"), axis)[1]
-  if scanned:
-    layers = [_shape(target, (s, s, "pre_mlp_layer_norm", "scale"))[axis]
+  if layout.scanned:
+    layers = [_shape(target, layout.layer_key(s, 0) + ("pre_mlp_layer_norm", "scale"))[axis]
               for s in ("encoder", "decoder")]
   else:
     layers = [_layer_count(target, s) for s in ("encoder", "decoder")]
@@ -158,13 +186,11 @@ def _from_shapes(target: dict, scanned: bool, axis: int | None) -> tuple[dict, b
                 num_heads=heads, d_kv=query[-1] if len(query) == 3 else query[1] // max(heads, 1),
                 num_encoder_layers=layers[0], num_decoder_layers=layers[1], norm="rms",
                 layer_norm_epsilon=1e-6, position_encoding="relative_bias",
-                relative_attention_num_buckets=buckets, scan_layers=scanned,
+                relative_attention_num_buckets=buckets, scan_layers=layout.scanned,
                 param_dtype=str(target[("token_embedder", "embedding")].dtype))
   tied = ("decoder", "logits_dense", "kernel") not in target
   values.update(tie_output_embedding=tied, scale_logits=tied)  # T5X logits_via_embedding
-  layout = Layout(joined=len(query) == 2, scanned=scanned, scan_axis=axis or 0,
-                  relpos_per_layer=per_layer)
-  return values, gated, layout
+  return values, gated, dataclasses.replace(layout, joined=len(query) == 2)
 
 
 def _from_gin(gin: dict[str, Any], gated: bool, hints: dict[str, Any],
@@ -224,10 +250,11 @@ def _source(path: tuple[str, ...], shape: tuple[int, ...], layout: Layout):
     kind = "out" if path[-2] == "out" else "qkv"
     shape = (shape[0] * shape[1], shape[2]) if kind == "out" else (shape[0], shape[1] * shape[2])
   layer = None
-  if layout.relpos_per_layer and kind == "relpos":
-    path, layer = (path[0], "layers_0") + path[1:], 0  # every layer's copy is checked equal
-  if len(path) > 1 and (m := re.fullmatch(r"layers_(\d+)", path[1])) and layout.scanned:
-    path, layer = (path[0], path[0]) + path[2:], int(m[1])
+  if kind == "relpos":
+    path = layout.relpos_key(path[0])  # per layer: layer 0's; every copy is checked equal
+    layer = 0 if layout.relpos_per_layer else None
+  elif len(path) > 1 and (m := re.fullmatch(r"layers_(\d+)", path[1])):
+    path, layer = layout.layer_key(path[0], int(m[1])) + path[2:], int(m[1])
   if layer is not None and layout.scanned:
     shape = shape[:layout.scan_axis] + (-1,) + shape[layout.scan_axis:]
   return path, shape, (layer if layout.scanned else None), kind
@@ -246,7 +273,7 @@ def validate(target: dict, config: ModelConfig, layout: Layout, label: str) -> d
   wanted = {key: tuple(layers[key[0]] if n == -1 else n for n in shape)
             for key, shape, _, _ in expected.values()}
   for key in _relpos_copies(config, layout):  # layers_1.. of per-layer tables: as layers_0
-    wanted[key] = wanted[key[:1] + ("layers_0",) + key[2:]]
+    wanted[key] = wanted[layout.relpos_key(key[0])]
   problems = []
   for key, want in wanted.items():
     if key not in target:
@@ -269,9 +296,9 @@ def _relpos_copies(config: ModelConfig, layout: Layout) -> list[tuple[str, ...]]
   """Per-layer relpos tables (unscanned scalable_t5) of layers 1..n-1: checked, not mapped."""
   if not layout.relpos_per_layer or layout.scanned:
     return []
-  return [(stack, f"layers_{i}", "relpos_bias", "rel_embedding")
-          for stack, n in (("encoder", config.num_encoder_layers),
-                           ("decoder", config.num_decoder_layers)) for i in range(1, n)]
+  return [layout.relpos_key(stack, i) for stack, n in (("encoder", config.num_encoder_layers),
+                                                      ("decoder", config.num_decoder_layers))
+          for i in range(1, n)]
 
 
 def _to_ours(x: np.ndarray, shape: tuple[int, ...], layer, kind: str, axis: int) -> np.ndarray:
@@ -280,29 +307,36 @@ def _to_ours(x: np.ndarray, shape: tuple[int, ...], layer, kind: str, axis: int)
   return x.T if kind == "relpos" else x.reshape(shape)
 
 
-def _check_shared_relpos(arrays: dict, config: ModelConfig, layout: Layout) -> None:
-  """t5lite shares one relpos table per stack: a per-layer T5X checkpoint must agree."""
+def _check_shared_relpos(target: dict, config: ModelConfig, layout: Layout) -> dict:
+  """t5lite shares one relpos table per stack: a per-layer T5X checkpoint must agree. Reads
+  only the tables (small), so a refused checkpoint costs no weight reads; returns them."""
+  arrays = {}
   for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+    keys = [layout.relpos_key(stack, i) for i in range(1 if layout.scanned else n)]
+    arrays.update({key: _array(target[key]) for key in keys})
     if layout.scanned:
-      table = arrays[(stack, stack, "relpos_bias", "rel_embedding")]
-      copies = [np.take(table, i, axis=layout.scan_axis) for i in range(n)]
+      copies = [np.take(arrays[keys[0]], i, axis=layout.scan_axis) for i in range(n)]
     else:
-      copies = [arrays[(stack, f"layers_{i}", "relpos_bias", "rel_embedding")] for i in range(n)]
+      copies = [arrays[key] for key in keys]
     for i, copy in enumerate(copies[1:], 1):
       if not np.array_equal(copy, copies[0]):
         raise T5XCheckpointError(
-            f"{stack} layer {i} has its own relative position table (scalable_t5), unlike "
-            "layer 0; t5lite shares one table per stack, so this model cannot be imported")
+            f"{'/'.join(keys[0] if layout.scanned else keys[i])}: {stack} layer {i} has its "
+            "own relative position table, unlike layer 0 (scalable_t5 initializes one per "
+            "layer); t5lite shares one table per stack, so this checkpoint cannot be imported")
+  return arrays
+
+
+def _array(leaf) -> np.ndarray:
+  return leaf if isinstance(leaf, np.ndarray) else leaf.read()
 
 
 def assemble(target: dict, config: ModelConfig, layout: Layout, label: str):
   """t5lite params (scanned iff config.scan_layers) from validated T5X arrays."""
   expected = validate(target, config, layout, label)
-  needed = {key for key, *_ in expected.values()} | set(_relpos_copies(config, layout))
-  arrays = {key: target[key] if isinstance(target[key], np.ndarray) else target[key].read()
-            for key in needed}
-  if layout.relpos_per_layer:
-    _check_shared_relpos(arrays, config, layout)
+  needed = {key for key, *_ in expected.values()}
+  arrays = _check_shared_relpos(target, config, layout) if layout.relpos_per_layer else {}
+  arrays.update({key: _array(target[key]) for key in needed - set(arrays)})
   shapes = traverse_util.flatten_dict(abstract_params(config.replace(scan_layers=False)))
   flat = {path: _to_ours(arrays[key], tuple(shapes[path].shape), layer, kind, layout.scan_axis)
           .astype(config.storage_dtype, copy=False)
@@ -318,6 +352,7 @@ def _note(text: str) -> None:
 
 
 def _load(path: str, step: int | None, hints: dict[str, Any], note=_note):
+  """(config, params, step, config.gin text, the T5X model dir: the checkpoint's parent)."""
   unknown = sorted(set(hints) - {f.name for f in dataclasses.fields(ModelConfig)})
   if unknown:
     raise ValueError(f"unknown ModelConfig fields {unknown}")
@@ -327,44 +362,63 @@ def _load(path: str, step: int | None, hints: dict[str, Any], note=_note):
   config, layout = infer_config(target, gin_bindings(gin_text, "T5Config"), hints, note)
   params = assemble(target, config, layout, os.path.basename(ckpt_dir))
   step = step if step is not None else (recorded_step or 0)
-  return config, params, step, gin_text
+  return config, params, step, gin_text, os.path.dirname(ckpt_dir)
 
 
 def load_t5x(path: str, *, step: int | None = None, **config_hints) -> tuple[ModelConfig, Any]:
   """(ModelConfig, params) of a T5X checkpoint: a T5X model dir (its newest checkpoint_N, or
   `step`) or one checkpoint_N folder. config_hints (ModelConfig fields, e.g.
   mlp_activation='gated-gelu', scan_layers=True) override what is inferred."""
-  config, params, _, _ = _load(path, step, config_hints)
+  config, params, *_ = _load(path, step, config_hints)
   return config, params
 
 
-def _gin_vocabulary(gin_text: str, extra_ids: int | None):
-  """config.gin's seqio.SentencePieceVocabulary when its file is local; extra_ids as seqio
-  reads them (the binding, else 0: T5X's cc_all.32000.100extra model holds its sentinels)."""
+def _gin_vocabulary(gin_text: str, extra_ids: int | None, model_dir: str):
+  """config.gin's seqio.SentencePieceVocabulary when its file lies inside the T5X model dir
+  (a relative path is taken from there); extra_ids as seqio reads them (the binding, else 0:
+  T5X's cc_all.32000.100extra model holds its sentinels).
+
+  config.gin is as untrusted as the checkpoint: followed anywhere, it would have any local file
+  read and copied into the output, so paths (and symlinks) out of the model dir are refused.
+  """
   from t5lite.data.vocabularies import SentencePieceVocabulary
   bound = gin_bindings(gin_text, "SentencePieceVocabulary")
   model_file = bound.get("sentencepiece_model_file")
   if extra_ids is None:
     extra_ids = bound["extra_ids"] if isinstance(bound.get("extra_ids"), int) else 0
   problem = f"config.gin names {model_file!r}, not a local file"
-  if isinstance(model_file, str) and os.path.isfile(model_file):
+  path = _inside_model_dir(model_dir, model_file)
+  if path is None and isinstance(model_file, str) and "://" not in model_file:
+    problem = (f"config.gin names {model_file!r}, outside the T5X model dir {model_dir}, "
+               "and is not followed there")
+  elif path is not None and os.path.isfile(path):
     try:
-      vocabulary = SentencePieceVocabulary(model_file, extra_ids)
-      print(f"t5lite import t5x: vocabulary {model_file} (config.gin), {extra_ids} extra ids",
+      vocabulary = SentencePieceVocabulary(path, extra_ids)
+      print(f"t5lite import t5x: vocabulary {path} (config.gin), {extra_ids} extra ids",
             file=sys.stderr)
       return vocabulary
     except Exception as e:  # not a sentencepiece model: import the weights regardless
-      problem = f"config.gin's {model_file} does not load ({e})"
+      problem = f"config.gin's {path} does not load ({e})"
   print(f"t5lite import t5x: warning: no vocabulary ({problem}); eval and infer will need "
         "one: pass --vocabulary SPIECE_MODEL", file=sys.stderr)
   return None
 
 
-def _vocabulary(args, gin_text: str):
+def _inside_model_dir(model_dir: str, model_file) -> str | None:
+  """model_file (relative to model_dir) with its symlinks resolved, if that is in model_dir."""
+  if (not isinstance(model_file, str) or not model_file or "://" in model_file
+      or "\0" in model_file):
+    return None  # a URL (gs://...) or no path
+  root = os.path.realpath(model_dir)
+  path = os.path.realpath(os.path.join(root, model_file))
+  return path if os.path.commonpath([root, path]) == root else None
+
+
+def _vocabulary(args, gin_text: str, model_dir: str):
   from t5lite.data import vocabularies
   source = args.vocabulary
   if source is None:
-    return _gin_vocabulary(gin_text, args.extra_ids)
+    return _gin_vocabulary(gin_text, args.extra_ids, model_dir)
   if os.path.isdir(source):
     if os.path.isfile(os.path.join(source, vocabularies.CONFIG_FILE)):
       return vocabularies.load_vocabulary(source)
@@ -387,7 +441,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="the t5lite MODEL_DIR to write")
   parser.add_argument("--vocabulary", metavar="SPIECE_MODEL_OR_DIR",
                       help="sentencepiece model file, or a folder holding spiece.model or a "
-                      "t5lite vocabulary.json (default: config.gin's file)")
+                      "t5lite vocabulary.json (default: config.gin's file, if it lies inside "
+                      "the T5X model dir)")
   parser.add_argument("--extra_ids", type=int, default=None, metavar="N",
                       help="sentinels appended to the sentencepiece model (default 100 with "
                       "--vocabulary; with config.gin's model, its extra_ids binding, else 0)")
@@ -406,8 +461,8 @@ def main(argv: list[str]) -> int:
   hints = {k: getattr(args, k) for k in ("mlp_activation", "relative_attention_max_distance")
            if getattr(args, k) is not None}
   try:
-    config, params, step, gin_text = _load(args.source, args.step, hints)
-    vocabulary = _vocabulary(args, gin_text)
+    config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints)
+    vocabulary = _vocabulary(args, gin_text, t5x_dir)
     if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
       raise ValueError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
                        f"{config.vocab_size} embeddings (check --extra_ids)")

@@ -16,8 +16,8 @@ Layouts (from google-research/t5x):
 
 Untrusted input: msgpack is read with size limits and no hooks beyond the ndarray extension;
 every array path must stay inside the checkpoint folder (no '..', absolute paths or symlinks
-out); arrays are opened lazily (shape and dtype first, data only when read); read failures
-name the file.
+out); arrays are opened lazily (shape and dtype first, data only when read); a missing chunk
+is an error, never zeros; read failures name the file.
 """
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ import tensorstore as ts
 DTYPES = {"<f4": "float32", "float32": "float32", "bfloat16": "bfloat16", "<f2": "float16",
           "float16": "float16"}
 STEP_DTYPES = {"int32": "int32", "int64": "int64"}
-MAX_MSGPACK_BYTES = 1 << 34  # 16 GiB: more than any index of a tensorstore-backed checkpoint
+# A tensorstore-backed index is small, but version 0 inlines every array: 4 GiB bounds the
+# memory one untrusted file may take (it is read whole).
+MAX_MSGPACK_BYTES = 4 << 30
 MAX_JSON_BYTES = 64 << 20    # _METADATA of a huge tree is a few MB; .zarray is < 1 KB
 MAX_CHUNKS = 1 << 20         # T5X writes 64 MiB chunks; a million tiny ones is an attack
 MAX_DEPTH = 32
@@ -116,7 +118,10 @@ def _ext_hook(code: int, data: bytes):
 def _read_msgpack(path: str, name: str):
   size = os.path.getsize(path)
   if size > MAX_MSGPACK_BYTES:
-    raise T5XCheckpointError(f"{name}: {size} bytes, more than a T5X checkpoint index holds")
+    raise T5XCheckpointError(
+        f"{name}: {size} bytes, over the {MAX_MSGPACK_BYTES} byte ({MAX_MSGPACK_BYTES / 2**30:g} "
+        "GiB) cap on a msgpack checkpoint file (it is read whole; T5X keeps big arrays in "
+        "tensorstore, so only a version-0 checkpoint with every array inline gets this large)")
   with open(path, "rb") as f:
     data = f.read()
   try:
@@ -165,14 +170,19 @@ class _ZarrArray:
   dtype: str
 
   def read(self) -> np.ndarray:
-    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": self.path + "/"}}
+    # T5X (and orbax) write no zarr fill_value, so tensorstore stores every chunk: a missing
+    # one is a lost file, which tensorstore would otherwise read as zeros.
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": self.path + "/"},
+            "fill_missing_data_reads": False}
     try:
       store = ts.open(spec, open=True, read=True).result()
       if tuple(store.shape) != self.shape:
         raise ValueError(f"tensorstore sees shape {tuple(store.shape)}")
       return np.asarray(store.read().result())
     except Exception as e:  # tensorstore reports bad chunks as ValueError, others as well
-      raise T5XCheckpointError(f"{self.name}: truncated or corrupted array data ({e})") from None
+      what = ("a chunk file is missing" if "NOT_FOUND" in str(e)
+              else "truncated or corrupted array data")
+      raise T5XCheckpointError(f"{self.name}: {what} ({e})") from None
 
 
 def _zarr_array(root: str, relpath: str, name: str) -> _ZarrArray:
