@@ -23,6 +23,7 @@ setup(
         "flax>=0.12.0",
         "optax>=0.2.8",
         "orbax-checkpoint>=0.12.0",
+        "etils[epath]>=1.5",  # epath: the paths orbax takes (checkpoints.py)
         "grain>=0.2.18",
         "tensorflow-datasets>=4.9.10",
         "sentencepiece>=0.2.0",

@@ -15,7 +15,7 @@ import os
 import sys
 
 from t5lite import gin_config, smoke
-from t5lite.launch import PREEMPTED_EXIT_CODE, distributed
+from t5lite.launch import PREEMPTED_EXIT_CODE, distributed, preemption
 
 GIN_VERBS = {
     "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
@@ -168,11 +168,15 @@ def _eval(args) -> int:
 
 
 def _infer(args) -> int:
+  import jax
+
   from t5lite.eval import run
   config = gin_config.run_config("INFER_CONFIG", run.InferConfig, "gin/runs/infer.gin")
   count = run.infer(config)
-  print(f"t5lite infer: {count} inputs decoded"
-        + ("" if config.output_path == "-" else f" into {config.output_path}"), file=sys.stderr)
+  if jax.process_index() == 0:
+    print(f"t5lite infer: {count} inputs decoded"
+          + ("" if config.output_path == "-" else f" into {config.output_path}"),
+          file=sys.stderr)
   return 0
 
 
@@ -196,6 +200,13 @@ def _train(args) -> int:
   return PREEMPTED_EXIT_CODE if result.preempted else 0
 
 
+def _initialize(args) -> None:
+  """The multi-host runtime, from flags or the cluster; before anything touches a device."""
+  distributed.initialize(distributed.resolve(
+      args.coordinator_address, args.num_processes, args.process_id, os.environ),
+      args.initialization_timeout)
+
+
 def _plain_verb(verb: str, argv: list[str]) -> int:
   import importlib
   return importlib.import_module(PLAIN_VERBS[verb][1]).main(argv)
@@ -217,14 +228,15 @@ def main(argv: list[str] | None = None) -> int:
       raise gin_config.GinConfigError(f"t5lite {args.verb} takes no gin flags")
     if takes_gin:
       gin_config.parse(gin_files, bindings)
-    if args.verb in GIN_VERBS:  # before anything touches a device
-      distributed.initialize(distributed.resolve(
-          args.coordinator_address, args.num_processes, args.process_id, os.environ),
-          args.initialization_timeout)
+    if args.verb == "train":
+      # SIGTERM is a flag from here on, startup included: the trainer acts on it (exit 42).
+      with preemption.SIGTERM:
+        _initialize(args)
+        return _train(args)
+    if args.verb in GIN_VERBS:
+      _initialize(args)
     if args.verb == "smoke":
       return _smoke(args)
-    if args.verb == "train":
-      return _train(args)
     if args.verb == "eval":
       return _eval(args)
     if args.verb == "infer":

@@ -1,8 +1,10 @@
 """`t5lite eval` and `t5lite infer` on a checkpoint, as users run them (gin run files)."""
 import json
+import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ import train_tasks
 from conftest import REPO, tiny
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry
-from t5lite.eval import metrics
+from t5lite.eval import metrics, run
+from t5lite.eval.evaluator import DecodeConfig
 from t5lite.models import decoding
 from t5lite.train.model_dir import load_params
 from t5lite.train.optimizers import OptimizerConfig
@@ -94,3 +97,29 @@ def test_eval_of_a_task_without_metrics_says_so(model_dir, capsys):
   assert cli.main(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
                    "--gin.MIXTURE_OR_TASK_NAME=train_test_sc"]) == 2
   assert "have no metric_fns" in capsys.readouterr().err
+
+
+def test_only_process_0_writes_files_and_prints(model_dir, tmp_path, monkeypatch, capsys):
+  """In a pod job every process runs eval and infer (they decode together, the model laid
+  out over all devices); the others write and print nothing."""
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  said = []
+  metrics = run.evaluate_checkpoint(run.EvalConfig(
+      checkpoint_path=str(model_dir), mixture_or_task_name="train_test_copy",
+      task_feature_lengths={"inputs": 64, "targets": 16}, output_dir=str(tmp_path / "eval"),
+      max_examples=4, decode=DecodeConfig(batch_size=4)), log=said.append)
+  assert "eval/train_test_copy/sequence_accuracy" in metrics
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("alpha beta\ngamma\n", encoding="utf-8")
+  assert run.infer(run.InferConfig(
+      checkpoint_path=str(model_dir), input_path=str(inputs), output_path="-", inputs_length=64,
+      decode=DecodeConfig(max_decode_length=8, batch_size=2))) == 2
+  assert os.listdir(tmp_path) == ["inputs.txt"] and not said
+  assert capsys.readouterr().out == ""
+
+
+def test_checkpoint_urls_are_refused(capsys):
+  assert cli.main(["infer", "--gin_file=gin/runs/infer.gin",
+                   "--gin.CHECKPOINT_PATH=gs://b/run"]) == 2
+  assert "CHECKPOINT_PATH='gs://b/run': CHECKPOINT_PATH must be a folder every host sees" in \
+      capsys.readouterr().err

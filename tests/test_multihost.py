@@ -7,7 +7,8 @@ comparison; the other topologies train the same tiny model on the same global ba
                            one process resumes that checkpoint and ends where the reference did
   4 processes x 1 device   started by `t5lite launch --kind=local`, resuming the reference's
                            step-5 checkpoint, and evaluating the validation split (whose rows
-                           run out at a different batch on each process) to the same loss
+                           run out at a different batch on each process) to the same loss,
+                           and decoding it (an inference eval) to the same predictions
   a checkpoint round trip  1 process -> restored and saved again by 2 processes -> 1 process:
                            bitwise the same
   bad setups               unreachable coordinator, a missing process, mismatched process
@@ -31,27 +32,32 @@ import numpy as np
 import pytest
 import yaml
 
-import train_tasks  # noqa: F401 (registers train_test_sc for the in-process runs)
+import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
 from conftest import REPO
 from t5lite import cli, gin_config
 from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed
 from t5lite.launch import cli as launch_cli
 from t5lite.train import checkpoints as ckpt_lib
+from t5lite.train import evaluation
+from t5lite.train import model_dir as model_dir_lib
 from t5lite.train import partitioning as part
 from t5lite.train.trainer import Trainer, train
 
 STEPS = 20
+TASK = "train_test_sc_scored"  # train_test_sc with a metric (tests/train_tasks.py)
+INFER_EVAL = "--gin.TrainConfig.infer_eval_period=10"  # the reference's and 4 x 1's, at 10
 RUN_GIN = f"""
 include 'runs/pretrain.gin'
 include 'models/tiny.gin'
 ModelConfig.vocab_size = 384
 MIXTURE_OR_TASK_MODULE = 'train_tasks'
-MIXTURE_OR_TASK_NAME = 'train_test_sc'
+MIXTURE_OR_TASK_NAME = '{TASK}'
 TASK_FEATURE_LENGTHS = {{'inputs': 32, 'targets': 8}}
 BATCH_SIZE = 8
 TRAIN_STEPS = {STEPS}
 EVAL_PERIOD = 10
 TrainConfig.eval_steps = 40
+TrainConfig.infer_eval_examples = 8
 TrainConfig.log_period = 1
 CheckpointConfig.period = 5
 CheckpointConfig.keep = None
@@ -134,12 +140,17 @@ def losses(model_dir) -> dict[int, float]:
   return out
 
 
-def eval_losses(model_dir) -> dict[int, float]:
-  """step -> eval loss: the validation split runs out at a different batch on each process."""
+def eval_losses(model_dir, metric="loss") -> dict[int, float]:
+  """step -> eval loss (or another eval metric): the validation split runs out at a different
+  batch on each process."""
   with open(os.path.join(model_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
-  return {r["step"]: r["eval/train_test_sc/loss"] for r in records
-          if "eval/train_test_sc/loss" in r}
+  return {r["step"]: r[f"eval/{TASK}/{metric}"] for r in records if f"eval/{TASK}/{metric}" in r}
+
+
+def predictions(model_dir, step) -> list[str]:
+  with open(os.path.join(model_dir, "inference_eval", f"{TASK}-{step}.jsonl")) as f:
+    return [json.loads(line)["prediction"] for line in f]
 
 
 def data_state(model_dir, step) -> dict:
@@ -158,6 +169,7 @@ def keep_checkpoint(source, target, step):
     if name != str(step):
       shutil.rmtree(target / "checkpoints" / name)
   os.remove(target / "metrics.jsonl")
+  shutil.rmtree(target / "inference_eval", ignore_errors=True)
   return target
 
 
@@ -185,8 +197,8 @@ def gin_file(tmp_path_factory):
 def reference(gin_file, tmp_path_factory):
   """1 process x 4 devices, checkpoints 5, 10, 15, 20: the trajectory to reproduce."""
   root = tmp_path_factory.mktemp("reference")
-  [(code, out)] = finish([start(train_argv(gin_file, root / "run"), 4, root / "process0.log")],
-                         root)
+  [(code, out)] = finish([start(train_argv(gin_file, root / "run", INFER_EVAL), 4,
+                                root / "process0.log")], root)
   assert code == 0, out
   assert ckpt_lib.Checkpointer(root / "run", read_only=True).all_steps() == [5, 10, 15, 20]
   return root / "run"
@@ -262,7 +274,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, g
   result = train(model_config, config, mesh=four_device_mesh(), log=lambda _: None)
   assert sorted(result.losses) == list(range(step + 1, STEPS + 1))
   assert_losses_match(result.losses, losses(reference), range(step + 1, STEPS + 1))
-  np.testing.assert_allclose(result.eval_metrics["eval/train_test_sc/loss"],
+  np.testing.assert_allclose(result.eval_metrics[f"eval/{TASK}/loss"],
                              eval_losses(reference)[STEPS], rtol=RTOL)
   # The iterator went on from the 2-process state: at the end it is exactly the reference's.
   assert data_state(model_dir, STEPS) == data_state(reference, STEPS)
@@ -275,7 +287,8 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
   launch = subprocess.run(
       [sys.executable, "-m", "t5lite.cli", "launch", "--kind=local", "--num_hosts=4",
        "--devices_per_host=1", f"--port={free_port()}", f"--python={sys.executable}", "--",
-       "train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=10"],
+       "train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=10",
+       INFER_EVAL],
       cwd=REPO, env=environment(1), capture_output=True, text=True, timeout=300)
   assert launch.returncode == 0, launch.stdout + launch.stderr
   assert "4 processes, 4 devices (1 per process)" in launch.stderr
@@ -284,6 +297,11 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
   # Four processes evaluate the whole validation split, as one did.
   np.testing.assert_allclose(eval_losses(model_dir)[10], eval_losses(reference)[10], rtol=RTOL)
   assert data_state(model_dir, 10) == data_state(reference, 10)
+  # Decoded by 4 processes (the outputs sharded over all their devices), as by one.
+  assert predictions(model_dir, 10) == predictions(reference, 10)
+  assert len(predictions(model_dir, 10)) == 8
+  assert (eval_losses(model_dir, "sequence_accuracy")[10]
+          == eval_losses(reference, "sequence_accuracy")[10])
 
 
 # --- checkpoints across process counts, bitwise ----------------------------------------------
@@ -306,6 +324,61 @@ def test_a_checkpoint_round_trip_through_two_processes_is_exact(reference, gin_f
   leaves = jax.tree_util.tree_leaves_with_path(jax.device_get(ours))
   for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(jax.device_get(theirs))):
     assert np.array_equal(a, b), jax.tree_util.keystr(path)
+
+
+def test_processes_fall_back_together_when_one_cannot_read_a_checkpoint(tmp_path, monkeypatch):
+  """Each process reads its own shards: when another process cannot read step 2 (simulated
+  in the all-gather of the flags), this one, which can, falls back to step 1 with it."""
+  mesh = four_device_mesh()
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  abstract = {"w": jax.ShapeDtypeStruct((4,), np.float32, sharding=sharding)}
+  saver = ckpt_lib.Checkpointer(tmp_path, ckpt_lib.CheckpointConfig(async_save=False))
+  for step in (1, 2):
+    saver.save(step, {"w": jax.device_put(np.full(4, step, np.float32), sharding)},
+               {"step": step})
+  saver.close()
+  gathered = []
+
+  def all_gather(failed):  # this process read fine; process 1 fails on step 2 only
+    gathered.append(failed)
+    return [failed, len(gathered) == 1]
+  monkeypatch.setattr(ckpt_lib, "_all_gather_flag", all_gather)
+  checkpointer = ckpt_lib.Checkpointer(tmp_path, read_only=True)
+  state, data, step = checkpointer.restore_latest(abstract)
+  assert (step, data, gathered) == (1, {"step": 1}, [False, False])
+  np.testing.assert_array_equal(state["w"], np.ones(4))
+  checkpointer.close()
+  gathered.clear()
+  stop = ckpt_lib.Checkpointer(tmp_path, ckpt_lib.CheckpointConfig(on_corrupt="stop"),
+                               read_only=True)
+  with pytest.raises(ckpt_lib.CorruptCheckpointError,
+                     match=r"step 2 .* cannot be restored by process\(es\) \[1\]"):
+    stop.restore_latest(abstract)
+  stop.close()
+
+
+# --- evals with several processes ------------------------------------------------------------
+
+def fake_processes(monkeypatch, others: list[bool]):
+  """This process is process 0 of 2; the all-gather answers process 1's flags from `others`."""
+  from jax.experimental import multihost_utils
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda x, tiled=False: np.stack([np.asarray(x), [others.pop(0)]]))
+
+
+def test_loss_evals_feed_blank_batches_or_skip_the_task_on_every_process(monkeypatch):
+  batch = {"decoder_target_tokens": np.ones((2, 4), np.int32)}
+  # Process 1 has 3 batches, this one 1: two blank batches follow, shaped like the first.
+  fake_processes(monkeypatch, [True, True, True, False])
+  out = list(evaluation.same_count_of_batches(iter([batch]), steps=10))
+  assert len(out) == 3 and out[0] is batch
+  assert all(b["decoder_target_tokens"].shape == (2, 4) and not b["decoder_target_tokens"].any()
+             for b in out[1:])
+  # This process has no batch at all: nothing to shape a blank by, so no process evaluates
+  # (process 1 sees the same flags), instead of this one feeding None.
+  fake_processes(monkeypatch, [True])
+  assert list(evaluation.same_count_of_batches(iter([]), steps=10)) == []
 
 
 # --- bad setups fail fast --------------------------------------------------------------------
@@ -375,6 +448,35 @@ def test_a_batch_that_does_not_split_evenly_names_both_numbers(bad_setups):
     assert "BATCH_SIZE=4 or 8" in out
 
 
+def test_a_model_dir_that_is_not_shared_stops_every_process(tmp_path, monkeypatch):
+  """Process 0 writes a token file in MODEL_DIR; a process that does not see it (simulated:
+  process 1's flag in the all-gather) makes every process stop with the same error. Every
+  multi-process run above passes this check for real."""
+  from jax.experimental import multihost_utils
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: x)
+  monkeypatch.setattr(multihost_utils, "sync_global_devices", lambda name: None)
+  seen = []
+
+  def all_gather(flags, tiled=False):
+    seen.append(int(np.asarray(flags)[0]))
+    return np.array([flags, [0]])
+  monkeypatch.setattr(multihost_utils, "process_allgather", all_gather)
+  model_dir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"MODEL_DIR .*/run is not shared: process\(es\) \[1\] "
+                     r"do not see the file process 0 wrote there .* GCS FUSE mount"):
+    model_dir_lib.check_shared(model_dir, patience=0)
+  assert seen == [1]  # this process (0) saw its own file
+  assert os.listdir(model_dir) == []  # and removed it
+
+
+def test_a_model_dir_url_is_refused_before_anything_runs(capsys):
+  assert cli.main(["train", "--gin_file=gin/runs/demo.gin", "--gin.MODEL_DIR=gs://bucket/run"]) == 2
+  err = capsys.readouterr().err
+  assert "MODEL_DIR='gs://bucket/run': MODEL_DIR must be a folder every host sees" in err
+  assert "a GCS FUSE mount like /gcs/BUCKET/run; gs:// URLs are not supported yet" in err
+
+
 # --- cluster detection (pure functions of the environment) ----------------------------------
 
 @pytest.mark.parametrize("env,expected", [
@@ -395,6 +497,13 @@ def test_a_batch_that_does_not_split_evenly_names_both_numbers(bad_setups):
       "OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911"},
      ("openmpi", "10.96.0.1:62624", 4, 1)),
     ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, ("openmpi", None, 2, 0)),
+    # mpirun inside a SLURM allocation: the ranks inherit the per-node daemons' SLURM task
+    # variables (2 tasks), but there are 8 ranks.
+    ({"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "2",
+      "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "OMPI_COMM_WORLD_SIZE": "8",
+      "OMPI_COMM_WORLD_RANK": "5",
+      "OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911"},
+     ("openmpi", "10.96.0.1:62624", 8, 5)),
 ])
 def test_cluster_environments_are_detected(env, expected):
   found = cluster.detect(env)
@@ -432,6 +541,54 @@ def test_flags_win_over_the_environment_and_incomplete_jobs_are_refused():
   assert distributed.resolve(None, 1, None, slurm, tpu_vm=False) is None
   with pytest.raises(cluster.ClusterEnvError, match="JOBSET_PODS_PER_JOB"):
     cluster.detect({"JOBSET_NAME": "t5", "JOB_COMPLETION_INDEX": "0"})
+
+
+def test_a_tpu_vm_is_told_apart_from_a_gce_vm_by_its_pci_device_ids(tmp_path):
+  def machine(name, devices):  # a fake /sys/bus/pci/devices
+    for i, (vendor, device) in enumerate(devices):
+      folder = tmp_path / name / f"0000:00:0{i}.0"
+      folder.mkdir(parents=True)
+      (folder / "vendor").write_text(vendor + "\n")
+      (folder / "device").write_text(device + "\n")
+    return str(tmp_path / name)
+  gvnic, tpu_v4 = ("0x1ae0", "0x0042"), ("0x1ae0", "0x005e")
+  assert not cluster.tpu_chips_present(machine("gce_vm", [("0x8086", "0x1237"), gvnic]))
+  assert cluster.tpu_chips_present(machine("tpu_vm", [gvnic, tpu_v4, tpu_v4]))
+  assert not cluster.tpu_chips_present(str(tmp_path / "no_such_folder"))
+
+
+def test_jax_runs_no_cluster_detection_of_its_own_once_the_job_is_known(monkeypatch):
+  """Under srun or mpirun JAX's detection would pin each process to one GPU
+  (local_device_ids=[SLURM_LOCALID]); only a Cloud TPU VM leaves the job to JAX."""
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)
+  monkeypatch.setattr(distributed, "_check_agreement", lambda deadline, expected: None)
+  slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "2",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+  distributed.initialize(distributed.resolve(None, None, None, slurm, tpu_vm=False), timeout=5,
+                         log=lambda _: None)
+  distributed.initialize(cluster.Cluster("tpu_vm", None, None, None), timeout=5,
+                         log=lambda _: None)
+  assert calls == [(("gpu07:61586", 2, 0), {"initialization_timeout": 35,
+                                            "cluster_detection_method": "deactivate"}),
+                   ((None, None, None), {"initialization_timeout": 35})]
+
+
+def test_process_counts_are_compared_even_without_jax_private_client(monkeypatch):
+  """A JAX whose coordination client is not where t5lite reads it: an all-gather compares."""
+  from jax._src import distributed as jax_distributed
+  from jax.experimental import multihost_utils
+  monkeypatch.setattr(jax_distributed, "global_state", types.SimpleNamespace())
+  counts = {"agree": [[2], [2]], "differ": [[2], [3]]}
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda x, tiled=False: np.array(counts[case]))
+  case = "agree"
+  distributed._check_agreement(time.monotonic() + 1, 2)
+  case = "differ"
+  with pytest.raises(distributed.DistributedSetupError,
+                     match="process 1 was started with --num_processes=3, process 0 with 2"):
+    distributed._check_agreement(time.monotonic() + 1, 2)
 
 
 def test_a_process_id_out_of_range_is_refused_before_any_waiting(capsys):
@@ -530,20 +687,39 @@ def test_the_jobset_manifest_gives_every_pod_its_place(capsys):
 
 def test_the_tpu_vm_script_runs_one_command_on_every_worker(tmp_path):
   fake = tmp_path / "gcloud"
-  fake.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+  # Call n (from 0) writes its arguments one a line into argv<n>.
+  fake.write_text(f'#!/bin/bash\nn=$(( $(cat {tmp_path}/calls 2>/dev/null | wc -l) ))\n'
+                  f'echo >> {tmp_path}/calls\nprintf "%s\\n" "$@" > {tmp_path}/argv$n\n')
   fake.chmod(0o755)
   env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
          "TPU_NAME": "my-v4-32", "ZONE": "us-central2-b"}
-  subprocess.run(["bash", str(commands.RECIPES / "tpu_vm_pod.sh"), "--gin_file=a b.gin",
-                  "--gin.MODEL_DIR=gs://bucket/run"], env=env, check=True)
-  argv = (tmp_path / "argv").read_text().splitlines()
+  flags = ["--gin_file=a b.gin", "--gin.MODEL_DIR=/gcs/bucket/run"]
+  subprocess.run(["bash", str(commands.RECIPES / "tpu_vm_pod.sh"), *flags], env=env, check=True)
+  argv = (tmp_path / "argv0").read_text().splitlines()
   assert argv[:5] == ["compute", "tpus", "tpu-vm", "ssh", "my-v4-32"]
   assert "--zone=us-central2-b" in argv and "--worker=all" in argv
   assert argv[-1] == ("--command=cd t5lite && python3 -m t5lite.cli train --gin_file=a\\ b.gin "
-                      "--gin.MODEL_DIR=gs://bucket/run")
+                      "--gin.MODEL_DIR=/gcs/bucket/run")
+  # GCS_BUCKET: first the bucket is mounted on every worker, where MODEL_DIR then points.
+  (tmp_path / "calls").unlink()
+  subprocess.run(["bash", str(commands.RECIPES / "tpu_vm_pod.sh"), *flags],
+                 env={**env, "GCS_BUCKET": "bucket"}, check=True)
+  mount = (tmp_path / "argv0").read_text().splitlines()
+  assert "--worker=all" in mount and mount[-1].startswith("--command=mountpoint -q /gcs/bucket ||")
+  assert "gcsfuse --implicit-dirs --rename-dir-limit=100000 bucket /gcs/bucket" in mount[-1]
+  assert (tmp_path / "argv1").read_text().splitlines() == argv
   missing = subprocess.run(["bash", str(commands.RECIPES / "tpu_vm_pod.sh")], capture_output=True,
                            text=True, env={**env, "TPU_NAME": ""})
   assert missing.returncode != 0 and "set TPU_NAME" in missing.stderr
+
+
+def test_the_slurm_recipe_lets_every_task_finish_its_save():
+  """srun --kill-on-bad-exit counts exit 42 as a bad exit: the first task to exit would get
+  the others killed mid-save. srun's status is then the highest of the tasks' codes, which the
+  fake srun of the preemption test reproduces."""
+  script = (commands.RECIPES / "slurm_gpu.sbatch").read_text()
+  [srun] = [line for line in script.splitlines() if line.startswith("srun ")]
+  assert "kill-on-bad-exit" not in srun and "t5lite.cli train" in srun
 
 
 def test_launch_reports_a_missing_launcher_and_the_worst_exit_code(monkeypatch, capsys):

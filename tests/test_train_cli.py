@@ -6,6 +6,7 @@ losses (bitwise) and params as the reference after a restart.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,27 @@ def test_sigterm_saves_and_exits_with_the_preempted_code(gin_file, reference, tm
   assert max(losses(tmp_path)) == saved[0]  # it stopped right after saving
   assert cli.main(train_argv(gin_file, tmp_path)) == 0
   assert losses(tmp_path) == losses(reference)
+
+
+def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, reference, tmp_path):
+  """SIGTERM while the process starts (imports, restore, compiling): the CLI's flag is up
+  before the runtime starts, so the run stops before its first step, saves nothing (the
+  checkpoint it resumed is still the newest) and exits 42; a rerun resumes from there."""
+  model_dir = tmp_path / "run"
+  shutil.copytree(reference, model_dir)
+  shutil.rmtree(model_dir / "checkpoints" / str(STEPS))  # resume from step 100
+  os.remove(model_dir / "metrics.jsonl")
+  process = spawn(gin_file, model_dir)
+  for line in process.stdout:  # the first line after the CLI installed its handler
+    if "t5lite: single process" in line:
+      break
+  process.send_signal(signal.SIGTERM)
+  out, _ = process.communicate(timeout=120)
+  assert process.returncode == PREEMPTED_EXIT_CODE, out
+  assert "preempted (SIGTERM) before the first step, at step 100" in out
+  assert ckpt_lib.Checkpointer(model_dir, read_only=True).all_steps() == [75, 100]
+  assert cli.main(train_argv(gin_file, model_dir, "--gin.TRAIN_STEPS=102")) == 0
+  assert losses(model_dir) == {s: losses(reference)[s] for s in (101, 102)}
 
 
 def test_demo_run_configs_train_end_to_end(tmp_path, capsys):

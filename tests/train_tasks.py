@@ -3,8 +3,10 @@
 Subprocess tests import it through the CLI's MIXTURE_OR_TASK_MODULE (with tests/ on
 PYTHONPATH), so the trainer runs exactly as a user's `t5lite train` would.
 
-  train_test_sc    T5 span corruption over synthetic word documents (train, validation)
-  train_test_copy  a text -> the same text (train, validation)
+  train_test_sc         T5 span corruption over synthetic word documents (train, validation)
+  train_test_sc_scored  the same with a metric, for inference evals (sequence accuracy of the
+                        decoded targets)
+  train_test_copy       a text -> the same text (train, validation)
 """
 import numpy as np
 
@@ -13,6 +15,7 @@ from t5lite.data.pretraining import span_corruption_preprocessors
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
 from t5lite.data.sources import FunctionSource
 from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.eval import metrics
 
 VOCAB = ByteVocabulary(extra_ids=100)  # 359 ids; models use vocab_size 384
 FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
@@ -38,6 +41,10 @@ if "train_test_sc" not in TaskRegistry.names():
   add_task("train_test_sc", SOURCES, FEATURES,
            [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
             *span_corruption_preprocessors()])
+  add_task("train_test_sc_scored", SOURCES, FEATURES,
+           [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
+            *span_corruption_preprocessors()],
+           metric_fns=[metrics.sequence_accuracy])
   add_task("train_test_copy", SOURCES, FEATURES,
            [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, CACHE_POINT,
             pp.append_eos_after_trim])

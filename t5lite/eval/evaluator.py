@@ -142,6 +142,7 @@ class TaskEvaluator:
   def predict(self, model_config: ModelConfig, params: Tree, decode: DecodeConfig,
               generate_fn: Callable | None = None) -> list[np.ndarray]:
     """Decoded token ids per example (EOS and padding still in)."""
+    from t5lite.models.decoding import to_host
     if generate_fn is None:
       from t5lite.models.decoding import generate as generate_fn
     max_length = decode.max_decode_length or self.feature_lengths["targets"]
@@ -149,14 +150,15 @@ class TaskEvaluator:
     outputs = []
     for _, chunk in self._batches(decode.batch_size):
       inputs = pad_rows([ex["inputs"] for ex in chunk], inputs_length, decode.batch_size)
-      tokens = np.asarray(generate_fn(model_config, params, inputs, max_decode_length=max_length,
-                                      **decode.generate_kwargs()))
+      tokens = to_host(generate_fn(model_config, params, inputs, max_decode_length=max_length,
+                                   **decode.generate_kwargs()))
       outputs.extend(tokens[:len(chunk)])
     return outputs
 
   def score(self, model_config: ModelConfig, params: Tree, batch_size: int,
             score_fn: Callable | None = None) -> list[float]:
     """Each example's target log-likelihood under the model."""
+    from t5lite.models.decoding import to_host
     if score_fn is None:
       from t5lite.models.decoding import score as score_fn
     scores = []
@@ -165,8 +167,8 @@ class TaskEvaluator:
                          batch_size)
       targets = pad_rows([ex["targets"] for ex in chunk], self.feature_lengths["targets"],
                           batch_size)
-      scores.extend(float(s) for s in np.asarray(score_fn(model_config, params, inputs,
-                                                          targets))[:len(chunk)])
+      scores.extend(float(s) for s in to_host(score_fn(model_config, params, inputs,
+                                                       targets))[:len(chunk)])
     return scores
 
   def evaluate(self, model_config: ModelConfig, params: Tree,

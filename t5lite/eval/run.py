@@ -6,7 +6,9 @@
       --gin.INFER_INPUT=inputs.txt --gin.INFER_OUTPUT=outputs.jsonl
 
 Both read the model config and vocabulary from the checkpoint's MODEL_DIR, so no model gin
-file is needed. eval writes, under EVAL_OUTPUT_DIR (default MODEL_DIR/eval):
+file is needed. With several processes (a pod), every process decodes (the model is laid
+out over all devices) and only process 0 writes files and prints. eval writes, under
+EVAL_OUTPUT_DIR (default MODEL_DIR/eval):
   metrics-<step>.json          every task's metrics, keyed eval/<task>/<metric>
   <task>-<step>.jsonl          per example: inputs, target, prediction (and score)
   metrics.jsonl, tensorboard/  the same metrics as a series over checkpoint steps
@@ -24,6 +26,7 @@ import numpy as np
 from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
 from t5lite.train.metrics_writer import MetricsWriter
+from t5lite.train.model_dir import check_not_url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,10 @@ class EvalConfig:
   """Evaluate on the first this many examples of each task (None: all)."""
   decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
 
+  def __post_init__(self):
+    check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
+    check_not_url(self.output_dir, "EVAL_OUTPUT_DIR")
+
 
 @dataclasses.dataclass(frozen=True)
 class InferConfig:
@@ -59,6 +66,10 @@ class InferConfig:
   decode: DecodeConfig = dataclasses.field(
       default_factory=lambda: DecodeConfig(max_decode_length=128))
 
+  def __post_init__(self):
+    check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
+    check_not_url(self.output_path, "INFER_OUTPUT")
+
 
 def _write_jsonl(path: str, records) -> None:
   with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -69,6 +80,8 @@ def _write_jsonl(path: str, records) -> None:
 
 def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
+  import jax
+
   from t5lite.train import partitioning as part
   from t5lite.train.model_dir import load_params, model_dir_of
   tasks = tasks_of(config.mixture_or_task_name)
@@ -76,7 +89,10 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   if no_metrics:
     raise ValueError(f"tasks {no_metrics} have no metric_fns to evaluate")
   output_dir = config.output_dir or os.path.join(model_dir_of(config.checkpoint_path), "eval")
-  os.makedirs(output_dir, exist_ok=True)
+  primary = jax.process_index() == 0  # the one process that writes and prints
+  log = log if primary else _silent
+  if primary:
+    os.makedirs(output_dir, exist_ok=True)
   mesh = part.make_mesh(part.MeshConfig())
   rules = part.logical_axis_rules()
   model_config, params, step = load_params(config.checkpoint_path, mesh, rules)
@@ -88,17 +104,23 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
                                 feature_lengths=config.task_feature_lengths,
                                 max_examples=config.max_examples)
       result = evaluator.evaluate(model_config, params, config.decode)
-      _write_jsonl(os.path.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
+      if primary:
+        _write_jsonl(os.path.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
       task_metrics = {f"eval/{task.name}/{k}": v for k, v in result.metrics.items()}
       log(f"  {task.name} ({len(evaluator.examples)} examples): "
           + "  ".join(f"{k} {v:.3f}" for k, v in result.metrics.items()))
       metrics.update(task_metrics)
-  with open(os.path.join(output_dir, f"metrics-{step}.json"), "w", encoding="utf-8") as f:
-    json.dump({"step": step, **metrics}, f, indent=2)
-  with MetricsWriter(output_dir) as writer:
+  if primary:
+    with open(os.path.join(output_dir, f"metrics-{step}.json"), "w", encoding="utf-8") as f:
+      json.dump({"step": step, **metrics}, f, indent=2)
+  with MetricsWriter(output_dir, is_primary=primary) as writer:
     writer.write(step, metrics)
   log(f"t5lite eval: wrote {output_dir}")
   return metrics
+
+
+def _silent(*_) -> None:
+  pass
 
 
 def _read_inputs(path: str) -> Iterator[str]:
@@ -124,38 +146,48 @@ def _read_inputs(path: str) -> Iterator[str]:
 
 
 def infer(config: InferConfig) -> int:
-  """Decodes every input; returns how many. Progress goes to stderr."""
+  """Decodes every input; returns how many. Progress goes to stderr. Every process decodes;
+  process 0 writes the output."""
+  import jax
   import tqdm
 
   from t5lite.data.vocabularies import load_vocabulary
   from t5lite.models.decoding import generate
   from t5lite.train import partitioning as part
   from t5lite.train.model_dir import load_params, model_dir_of
+  if config.input_path == "-" and jax.process_count() > 1:
+    # Each process would read its own stdin: different inputs, mismatched collectives.
+    raise ValueError("with several processes INFER_INPUT must be a file that every host sees, "
+                     "not stdin")
   vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
   texts = list(_read_inputs(config.input_path))
   mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
   model_config, params, _ = load_params(config.checkpoint_path, mesh, rules)
   decode = config.decode
-  out = sys.stdout if config.output_path == "-" else open(config.output_path + ".tmp", "w",
-                                                          encoding="utf-8")
+  primary = jax.process_index() == 0
+  to_file = primary and config.output_path != "-"
+  out = (open(config.output_path + ".tmp", "w", encoding="utf-8") if to_file
+         else sys.stdout if primary else None)
   try:
     with part.activate(mesh, rules), tqdm.tqdm(total=len(texts), unit="input",
-                                               file=sys.stderr) as bar:
+                                               file=sys.stderr, disable=not primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
         chunk = texts[start:start + decode.batch_size]
         rows = [np.append(vocab.encode(t)[:config.inputs_length - 1], 1) for t in chunk]
         inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
-        tokens = np.asarray(generate(model_config, params, inputs,
-                                     max_decode_length=decode.max_decode_length or 128,
-                                     **decode.generate_kwargs()))
-        for text, row in zip(chunk, tokens):
-          out.write(json.dumps({"inputs": text, "prediction": vocab.decode(row.tolist())},
-                               ensure_ascii=False) + "\n")
-        out.flush()
+        # Every process decodes (a collective over the mesh); generate returns host arrays.
+        tokens = generate(model_config, params, inputs,
+                          max_decode_length=decode.max_decode_length or 128,
+                          **decode.generate_kwargs())
+        if out is not None:
+          for text, row in zip(chunk, tokens):
+            out.write(json.dumps({"inputs": text, "prediction": vocab.decode(row.tolist())},
+                                 ensure_ascii=False) + "\n")
+          out.flush()
         bar.update(len(chunk))
   finally:
-    if out is not sys.stdout:
+    if to_file:
       out.close()
-  if out is not sys.stdout:
+  if to_file:
     os.replace(config.output_path + ".tmp", config.output_path)
   return len(texts)

@@ -3,6 +3,7 @@
   cluster.py      which cluster this process runs in (TPU VM pod, SLURM, JobSet, Open MPI),
                   from environment variables alone: coordinator, process count, process id
   distributed.py  jax.distributed.initialize from flags or the detected cluster, failing fast
+  preemption.py   SIGTERM as a flag, from the CLI's start to the trainer's last step
   commands.py     the per-host commands of a topology (what `t5lite launch` prints or runs)
   cli.py          `t5lite launch`
   recipes/        a TPU VM pod script, a SLURM sbatch script, a Kubernetes JobSet manifest

@@ -11,10 +11,14 @@ Detected, in this order (the first that matches wins):
            GKE and queued resources set them; multislice through MEGASCALE_* variables
   jobset   a Kubernetes JobSet whose pods carry the JOBSET_* variables of recipes/jobset.yaml
            (downward API) and JOB_COMPLETION_INDEX (set by Indexed Jobs)
-  slurm    an srun step: SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID
   openmpi  mpirun: OMPI_COMM_WORLD_SIZE / _RANK, the launcher's address in OMPI_MCA_orte_hnp_uri
+  slurm    an srun step: SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID
   tpu_vm   a Cloud TPU VM without those variables (GCE): JAX reads the worker list from the
            metadata server, so only the kind is known here
+Open MPI comes before SLURM (as in JAX's own detection): mpirun inside a SLURM allocation
+starts its ranks through per-node daemons, which pass on the allocation's SLURM_PROCID and
+SLURM_NTASKS (one task per node), so the SLURM variables there describe the daemons, not the
+ranks.
 The coordinator is process 0's host. Its port: T5LITE_COORDINATOR_PORT when set; else derived
 from the job id on SLURM and Open MPI (several jobs may share a node), else fixed.
 """
@@ -28,6 +32,12 @@ from typing import Mapping
 TPU_COORDINATOR_PORT = 8482
 DEFAULT_COORDINATOR_PORT = 8476
 PORT_OVERRIDE = "T5LITE_COORDINATOR_PORT"
+
+GOOGLE_PCI_VENDOR_ID = "0x1ae0"
+# TPU chips' PCI device ids (v3, plc, v4, v5p, v5e, v6e, 7x), as jax/_src/hardware_utils.py
+# lists them (a private module, so copied); gVNIC, Google's network card, is 0x0042.
+TPU_PCI_DEVICE_IDS = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f",
+                                "0x0076"})
 
 # The variables recipes/jobset.yaml sets from the JobSet's pod labels (downward API).
 JOBSET_VARIABLES = ("JOBSET_NAME", "JOBSET_REPLICATED_JOB", "JOBSET_REPLICAS", "JOBSET_JOB_INDEX",
@@ -151,7 +161,8 @@ def detect_openmpi(env: Mapping[str, str]) -> Cluster | None:
                  _int(env, "OMPI_COMM_WORLD_RANK"))
 
 
-DETECTORS = (detect_tpu, detect_jobset, detect_slurm, detect_openmpi)
+# Open MPI before SLURM: see the module docstring.
+DETECTORS = (detect_tpu, detect_jobset, detect_openmpi, detect_slurm)
 
 
 def detect(env: Mapping[str, str], *, tpu_vm: bool = False) -> Cluster | None:
@@ -167,11 +178,15 @@ def detect(env: Mapping[str, str], *, tpu_vm: bool = False) -> Cluster | None:
 
 
 def tpu_vm_present(sys_pci: str = "/sys/bus/pci/devices") -> bool:
-  """True on a machine with Google TPU chips (PCI vendor 0x1ae0) and libtpu installed."""
+  """True on a machine with Google TPU chips and libtpu installed."""
   import importlib.util
+  return importlib.util.find_spec("libtpu") is not None and tpu_chips_present(sys_pci)
+
+
+def tpu_chips_present(sys_pci: str = "/sys/bus/pci/devices") -> bool:
+  """Whether a PCI device is a TPU chip: Google's vendor id and a TPU device id. The vendor
+  id alone also matches GCE's gVNIC network card, on every GCE VM."""
   import os
-  if importlib.util.find_spec("libtpu") is None:
-    return False
   try:
     devices = os.listdir(sys_pci)
   except OSError:
@@ -179,7 +194,10 @@ def tpu_vm_present(sys_pci: str = "/sys/bus/pci/devices") -> bool:
   for device in devices:
     try:
       with open(os.path.join(sys_pci, device, "vendor"), encoding="ascii") as f:
-        if f.read().strip() == "0x1ae0":
+        if f.read().strip() != GOOGLE_PCI_VENDOR_ID:
+          continue
+      with open(os.path.join(sys_pci, device, "device"), encoding="ascii") as f:
+        if f.read().strip() in TPU_PCI_DEVICE_IDS:
           return True
     except OSError:
       continue

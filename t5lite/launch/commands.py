@@ -32,7 +32,7 @@ VERBS = ("train", "eval", "infer")
 EXAMPLE_ARGS = ("train", "--gin_file=gin/runs/pretrain.gin",
                 "--gin_file=gin/models/t5_1_1/base.gin",
                 "--gin.MIXTURE_OR_TASK_NAME=c4_span_corruption",
-                "--gin.MODEL_DIR=gs://my-bucket/t5_1_1_base")
+                "--gin.MODEL_DIR=/gcs/my-bucket/t5_1_1_base")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +154,8 @@ def _tpu_vm_plan(topology: Topology, verb: str, flags: list[str]) -> Plan:
   where = f"coordinator: worker 0, port {TPU_COORDINATOR_PORT} (TPU VM metadata)"
   return Plan(topology, _detected(topology, verb, flags, where), tuple(submit), notes=(
       f"the same as: TPU_NAME={topology.name} ZONE={topology.zone} "
-      f"{RECIPES / 'tpu_vm_pod.sh'} <flags>",))
+      f"{RECIPES / 'tpu_vm_pod.sh'} <flags>; with GCS_BUCKET=BUCKET the script first mounts "
+      "the bucket at /gcs/BUCKET on every worker (gcsfuse)",))
 
 
 def _slurm_plan(topology: Topology, verb: str, flags: list[str]) -> Plan:
@@ -212,7 +213,9 @@ def render(plan: Plan) -> str:
            f"BATCH_SIZE must be a multiple of {total} (other meshes: a multiple of data x "
            "fsdp; t5lite/launch/README.md).",
            f"Exit code {PREEMPTED_EXIT_CODE}: preempted, every process saved the same step; "
-           "rerun to resume.", *plan.notes]
+           "rerun to resume.",
+           "MODEL_DIR: a folder every host sees at the same path (NFS, Filestore, or a bucket "
+           "mounted with GCS FUSE, e.g. /gcs/BUCKET/run); gs:// URLs are refused.", *plan.notes]
   lines = [line for note in notes for line in textwrap.wrap(
       note, 96, initial_indent="# ", subsequent_indent="#   ")]
   if plan.submit:

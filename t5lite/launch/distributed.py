@@ -15,6 +15,10 @@ code 2 when the job has not formed within the timeout (a process never started, 
 processes started with different --num_processes). Once connected, the processes compare
 their --num_processes through the coordination service (process 0 with each, each with
 process 0), so a disagreement stops all of them, not one.
+
+JAX's own cluster detection is turned off whenever coordinator, count and id are known (all
+kinds but a Cloud TPU VM's metadata): under srun or mpirun it would give each process one
+GPU, not all of its host's.
 """
 from __future__ import annotations
 
@@ -160,8 +164,9 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
   try:
     # JAX's own timeout is a fatal abort: leave it to the watchdog, a little later.
     jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes,
-                               cluster.process_id, initialization_timeout=int(timeout) + 30)
-    _check_agreement(deadline)
+                               cluster.process_id, initialization_timeout=int(timeout) + 30,
+                               **_detection_arguments(cluster))
+    _check_agreement(deadline, cluster.num_processes)
   finally:
     timer.cancel()
   if jax.process_index() == 0:
@@ -170,24 +175,69 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
         f"in {time.monotonic() - started:.1f}s")
 
 
-def _check_agreement(deadline: float) -> None:
+def _detection_arguments(cluster: Cluster) -> dict:
+  """Turns JAX's own cluster detection off when the job is fully known. Left on, it runs
+  even with coordinator, count and id given: in an srun step or under mpirun it sets
+  local_device_ids=[SLURM_LOCALID] (or the Open MPI local rank), one GPU per process, while
+  t5lite runs one process per host on all of its GPUs. On a Cloud TPU VM (count unknown
+  here) JAX's detection is what reads the worker list from the metadata server."""
+  known = None not in (cluster.coordinator_address, cluster.num_processes, cluster.process_id)
+  return {"cluster_detection_method": "deactivate"} if known else {}
+
+
+def _check_agreement(deadline: float, expected: int | None) -> None:
   """Each process compares its process count with process 0's, and process 0 with everyone's,
   through the coordination service's key-value store: before any device exists, since a
   process that expects more processes than joined would wait for them when JAX builds its
-  devices."""
-  from jax._src import distributed as jax_distributed
-  state = jax_distributed.global_state
-  index, count = state.process_id, state.num_processes
-  state.client.key_value_set(f"t5lite/num_processes/{index}", str(count))
+  devices. `expected`: this process's --num_processes (None: JAX detected it)."""
+  found = _coordination_client()
+  if found is None:
+    _check_agreement_by_allgather(expected)
+    return
+  index, count, client = found
+  client.key_value_set(f"t5lite/num_processes/{index}", str(count))
   for other in range(1, count) if index == 0 else (0,):
     milliseconds = max(1, int((deadline - time.monotonic()) * 1000))
     try:
-      theirs = int(state.client.blocking_key_value_get(f"t5lite/num_processes/{other}",
-                                                       milliseconds))
+      theirs = int(client.blocking_key_value_get(f"t5lite/num_processes/{other}", milliseconds))
     except Exception as e:  # the runtime's timeout error (a type private to jaxlib)
       raise DistributedSetupError(f"process {other} did not report its process count in "
                                   f"time: {e}") from e
     if theirs != count:
-      raise DistributedSetupError(
-          f"process {other} was started with --num_processes={theirs}, process {index} with "
-          f"{count}; give every process the same --num_processes")
+      raise _disagreement(other, theirs, index, count)
+
+
+def _coordination_client():
+  """(process id, process count, client) of JAX's coordination service, or None where this
+  JAX keeps it elsewhere: jax 0.4 to 0.10 hold it in jax._src.distributed.global_state, a
+  private module that a later JAX may change."""
+  try:
+    from jax._src import distributed as jax_distributed
+    state = jax_distributed.global_state
+    index, count, client = state.process_id, state.num_processes, state.client
+  except (ImportError, AttributeError):
+    return None
+  methods = ("key_value_set", "blocking_key_value_get")
+  if client is None or count is None or not all(hasattr(client, m) for m in methods):
+    return None
+  return index, count, client
+
+
+def _check_agreement_by_allgather(expected: int | None) -> None:
+  """The same comparison with one all-gather, once the devices exist (the fallback where the
+  coordination client is out of reach). Weaker: a process that expects more processes than
+  joined waits for them while JAX builds its devices, until the watchdog ends it."""
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+  mine = expected if expected is not None else jax.process_count()
+  counts = np.asarray(multihost_utils.process_allgather(np.array([mine], np.int32))).reshape(-1)
+  for other, theirs in enumerate(counts.tolist()):
+    if theirs != mine:
+      raise _disagreement(other, theirs, jax.process_index(), mine)
+
+
+def _disagreement(other: int, theirs: int, index: int, count: int) -> DistributedSetupError:
+  return DistributedSetupError(
+      f"process {other} was started with --num_processes={theirs}, process {index} with "
+      f"{count}; give every process the same --num_processes")

@@ -183,7 +183,7 @@ def teacher_forced_logits(config: ModelConfig, params: Params, encoder_input_tok
   what decoding sees when it produces exactly these targets (a check of the cache against
   the full forward pass, and a cheap way to score candidates token by token)."""
   config, params = decoding_model_inputs(config, params)
-  return np.asarray(_jitted_teacher_forced(config)(
+  return to_host(_jitted_teacher_forced(config)(
       params, jnp.asarray(encoder_input_tokens, jnp.int32), jnp.asarray(target_tokens, jnp.int32)))
 
 
@@ -203,6 +203,17 @@ def _jitted_teacher_forced(config: ModelConfig):
 
 
 # --- the public entry points ----------------------------------------------------------------
+
+def to_host(x) -> np.ndarray:
+  """x as a NumPy array on this process. Under a mesh that spans several processes, outputs
+  are sharded over all of their devices (e.g. batch rows over 'data'), which no process can
+  read alone: those are all-gathered first, a collective that every process must call (each
+  runs the same decode, so each does)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
 
 def _check_tokens(tokens, name: str) -> np.ndarray:
   tokens = np.asarray(tokens)
@@ -244,7 +255,7 @@ def generate(config: ModelConfig, params: Params, encoder_input_tokens, *,
               "beam": dict(num_beams=int(num_beams), alpha=float(alpha))}[method]
   config, params = decoding_model_inputs(config, params)
   run = jitted_generate(config, method, int(max_decode_length), tuple(sorted(settings.items())))
-  return np.asarray(run(params, tokens, jax.random.key(seed)))
+  return to_host(run(params, tokens, jax.random.key(seed)))
 
 
 @functools.lru_cache(maxsize=32)
@@ -280,7 +291,7 @@ def score(config: ModelConfig, params: Params, encoder_input_tokens, target_toke
   if inputs.shape[0] != targets.shape[0]:
     raise ValueError(f"batch sizes differ: {inputs.shape} vs {targets.shape}")
   config, params = decoding_model_inputs(config, params)
-  return np.asarray(_jitted_score(config)(params, inputs, targets))
+  return to_host(_jitted_score(config)(params, inputs, targets))
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,8 +15,10 @@ every process) is done, so a step folder that exists is complete: a crash or SIG
 leaves only a temporary folder, which is never listed and is removed on the next start.
 Corruption: a committed step that still fails to read (a disk error, a truncated file) is
 reported by number; with `on_corrupt='fallback'` the next older step is tried, with 'stop'
-the run stops. Restoring onto another mesh: pass abstract arrays (jax.ShapeDtypeStruct) that
-carry the target shardings; orbax reads each shard where it now belongs.
+the run stops; with several processes, all of them agree on each step tried, so they fall
+back or stop together (restore_latest). Restoring onto another mesh: pass abstract arrays
+(jax.ShapeDtypeStruct) that carry the target shardings; orbax reads each shard where it now
+belongs.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -134,40 +137,73 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
     """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of
     `abstract_state` (a tree of jax.ShapeDtypeStruct with .sharding, or of arrays)."""
+    state, data_state = self._read(step, abstract_state)
+    _check_finite_tree(state, step, self.directory)
+    return state, data_state
+
+  def _read(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
+    """Reads this process's shards of checkpoint `step`, with no collective. Not through
+    CheckpointManager.restore: it ends in a barrier that a process whose read raised never
+    reaches, which would leave the other processes waiting there."""
+    handler = ocp.CompositeCheckpointHandler(state=ocp.StandardCheckpointHandler(),
+                                             data=ocp.JsonCheckpointHandler())
     try:
-      restored = self._manager.restore(int(step), args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+      restored = handler.restore(epath.Path(self.directory) / str(int(step)),
+                                 args=ocp.args.Composite(
+                                     state=ocp.args.StandardRestore(abstract_state),
+                                     data=ocp.args.JsonRestore()))
     except Exception as e:  # orbax and tensorstore raise many kinds
       raise CorruptCheckpointError(
           f"checkpoint step {step} in {self.directory} cannot be restored: "
           f"{type(e).__name__}: {e}") from e
-    _check_finite_tree(restored["state"], step, self.directory)
+    finally:
+      handler.close()
     return restored["state"], dict(restored["data"] or {})
 
   def restore_latest(self, abstract_state: Tree) -> tuple[Tree, dict, int] | None:
     """The newest readable checkpoint as (state, data_state, step), or None when there is
     none. An unreadable one falls back to the next older (on_corrupt='fallback', a warning
-    names it) or raises CorruptCheckpointError ('stop'). No checkpoint is deleted."""
+    names it) or raises CorruptCheckpointError ('stop'). No checkpoint is deleted.
+
+    With several processes, each reads its own shards, so one may fail where the others
+    read fine: they agree on every step tried (one all-gather of a flag), and fall back or
+    stop together, so all restore the same step."""
     steps = self.all_steps()
     for step in reversed(steps):
       try:
-        state, data_state = self.restore(step, abstract_state)
-        return state, data_state, step
+        read, error = self._read(step, abstract_state), None
       except CorruptCheckpointError as e:
-        if self.config.on_corrupt == "stop":
-          raise CorruptCheckpointError(
-              f"{e}\n  The run stops (CheckpointConfig.on_corrupt='stop'). Move that step "
-              "folder away to resume from the one before, or set on_corrupt='fallback'.") from e
-        older = [s for s in steps if s < step]
-        where = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
-        log.warning("%s; %s", e, where)
-        print(f"t5lite: warning: checkpoint step {step} is unreadable ({where}): {e}",
-              flush=True)
+        read, error = None, e
+      failed = [i for i, bad in enumerate(_all_gather_flag(error is not None)) if bad]
+      if not failed:
+        state, data_state = read
+        try:  # a collective over the restored arrays: the same answer on every process
+          _check_finite_tree(state, step, self.directory)
+          return state, data_state, step
+        except CorruptCheckpointError as e:
+          error = e
+      elif error is None:
+        error = CorruptCheckpointError(
+            f"checkpoint step {step} in {self.directory} cannot be restored by process(es) "
+            f"{failed} (their output says why)")
+      self._give_up_or_fall_back(error, step, steps)
     if steps:
       raise CorruptCheckpointError(
           f"none of the checkpoints {steps} in {self.directory} can be restored; move "
           "MODEL_DIR/checkpoints away to start from scratch")
     return None
+
+  def _give_up_or_fall_back(self, error: CorruptCheckpointError, step: int,
+                            steps: list[int]) -> None:
+    """Raises for on_corrupt='stop'; otherwise warns that `step` is skipped."""
+    if self.config.on_corrupt == "stop":
+      raise CorruptCheckpointError(
+          f"{error}\n  The run stops (CheckpointConfig.on_corrupt='stop'). Move that step "
+          "folder away to resume from the one before, or set on_corrupt='fallback'.") from error
+    older = [s for s in steps if s < step]
+    where = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
+    log.warning("%s; %s", error, where)
+    print(f"t5lite: warning: checkpoint step {step} is unreadable ({where}): {error}", flush=True)
 
   def wait(self) -> None:
     """Blocks until the save in flight (if any) has committed."""
@@ -176,6 +212,15 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _all_gather_flag(flag: bool) -> list[bool]:
+  """Every process's `flag`, in process order (a collective when there are several)."""
+  if jax.process_count() == 1:
+    return [flag]
+  from jax.experimental import multihost_utils
+  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
+  return [bool(f) for f in np.asarray(flags).reshape(-1)]
 
 
 def _check_finite_tree(state: Tree, step: int, directory: str) -> None:

@@ -42,9 +42,15 @@ def evaluate(trainer, params: Tree) -> dict[str, float]:
       print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
       continue
     totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
-    for host_batch in same_count_of_batches(batches, config.eval_steps):
+    count = 0
+    for count, host_batch in enumerate(same_count_of_batches(batches, config.eval_steps), 1):
       sums = host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
       totals = {k: totals[k] + sums[k] for k in totals}
+    if not count:  # no figure rather than a loss of 0
+      if jax.process_index() == 0:
+        print(f"t5lite: eval of {task.name!r} skipped: no {config.eval_split} rows on some "
+              "process (a smaller batch size gives every process some)", flush=True)
+      continue
     weight = max(totals["weight_sum"], 1e-8)
     out[f"eval/{task.name}/loss"] = totals["loss"] / weight
     out[f"eval/{task.name}/token_accuracy"] = totals["correct"] / weight
@@ -55,20 +61,24 @@ def same_count_of_batches(batches, steps: int) -> Iterator[dict[str, np.ndarray]
   """Up to `steps` host batches of a finite split, as many on every process: the processes'
   rows end at different batches, and one that stopped calling the (collective) eval step
   would leave the others waiting. A process whose rows have ended feeds all-zero rows (loss
-  weight 0) until every process's have (one tiny all-gather per batch)."""
+  weight 0), shaped like its first batch, until every process's have (one tiny all-gather
+  per batch). When some process has no batch at all, it has nothing to shape them by: then
+  every process yields nothing (they all see the same flags), and the task is skipped."""
   if jax.process_count() == 1:
     yield from itertools.islice(batches, steps)
     return
   from jax.experimental import multihost_utils
   blank = None
-  for _ in range(steps):
+  for i in range(steps):
     batch = next(batches, None)
-    if blank is None and batch is not None:
-      blank = {k: np.zeros_like(v) for k, v in batch.items()}
-    left = multihost_utils.process_allgather(np.array([batch is not None], np.int32))
-    if not np.asarray(left).any():
+    flags = np.asarray(multihost_utils.process_allgather(
+        np.array([batch is not None], np.int32))).reshape(-1)
+    if not flags.any():
       return
-    # Every process has a first batch (a split smaller than the global batch is refused).
+    if i == 0 and not flags.all():
+      return
+    if blank is None:
+      blank = {k: np.zeros_like(v) for k, v in batch.items()}
     yield batch if batch is not None else blank
 
 

@@ -9,17 +9,30 @@
     metrics.jsonl          one JSON object per logged step; tensorboard/ the same as events
 
 Export, import, eval and infer need nothing else: no gin files, no task registry.
+
+A MODEL_DIR is a folder, read and written through the filesystem (os, open, orbax's local
+paths): with several hosts, one that every host sees (NFS, Filestore, Lustre, or a bucket
+mounted with GCS FUSE at the same path everywhere). URLs such as gs://... are refused
+(check_not_url), and a multi-process run checks that all processes see the same folder
+(check_shared) before it writes anything there.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
+import time
 
 from t5lite.data.vocabularies import Vocabulary
 from t5lite.models.config import ModelConfig
 
 MODEL_CONFIG_FILE = "model_config.json"
 GIN_FILE = "config.gin"
+SHARED_CHECK_FILE = ".t5lite_shared_check"
+"""Prefix of the file process 0 writes, and every process reads, as a multi-process run
+starts (check_shared); removed once read."""
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 # Fields a resumed run may change: they alter computation, not the saved arrays.
 RUNTIME_FIELDS = frozenset({"dropout_rate", "dtype", "remat_policy"})
 
@@ -95,3 +108,63 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
   if gin_config_text is not None:
     _write_atomic(os.path.join(model_dir, GIN_FILE), gin_config_text)
 
+
+def check_not_url(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:
+  """Raises ValueError for a URL (gs://..., s3://...): os.path and open would take it for a
+  relative folder, so each host would write to its own disk."""
+  if isinstance(path, (str, os.PathLike)) and _URL.match(os.fspath(path)):
+    raise ValueError(
+        f"{what}={os.fspath(path)!r}: {what} must be a folder every host sees: a shared "
+        "filesystem such as NFS/Filestore or a GCS FUSE mount like /gcs/BUCKET/run; gs:// "
+        "URLs are not supported yet")
+
+
+def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None:
+  """With several processes, stops every one of them (ValueError, the same on each) unless
+  all see `model_dir` as one folder: process 0 writes a file named by a fresh token there,
+  then every process looks for it (for up to `patience` seconds: a network filesystem may
+  show a new file late). A name new to every host, so no cache can answer for it. Why:
+  checkpoints are written by every process and committed by process 0, so a folder on each
+  host's own disk would give checkpoints that no host holds whole."""
+  import jax
+  import numpy as np
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+  model_dir = os.fspath(model_dir)
+  token = int(np.asarray(multihost_utils.broadcast_one_to_all(
+      np.array(secrets.randbits(31), np.int32))))
+  path = os.path.join(model_dir, f"{SHARED_CHECK_FILE}.{token}")
+  unwritable = ""  # process 0's error: it still joins the collectives, so none waits alone
+  if jax.process_index() == 0:
+    try:
+      os.makedirs(model_dir, exist_ok=True)
+      _write_atomic(path, str(token))
+    except OSError as e:
+      unwritable = f" (process 0 could not write it: {e})"
+  multihost_utils.sync_global_devices("t5lite: MODEL_DIR check file written")
+  seen = not unwritable and _sees_token(path, token, patience)
+  flags = np.asarray(multihost_utils.process_allgather(np.array([seen], np.int32))).reshape(-1)
+  if jax.process_index() == 0 and not unwritable:
+    os.remove(path)
+  blind = np.flatnonzero(flags == 0).tolist()
+  if blind:
+    raise ValueError(
+        f"MODEL_DIR {model_dir} is not shared: process(es) {blind} do not see the file "
+        f"process 0 wrote there ({os.path.basename(path)}){unwritable}. MODEL_DIR must be a "
+        "folder every host sees, at the same path: a shared filesystem such as NFS/Filestore "
+        "or a GCS FUSE mount like /gcs/BUCKET/run")
+
+
+def _sees_token(path: str, token: int, patience: float) -> bool:
+  deadline = time.monotonic() + patience
+  while True:
+    try:
+      with open(path, encoding="utf-8") as f:
+        if f.read().strip() == str(token):
+          return True
+    except OSError:
+      pass
+    if time.monotonic() >= deadline:
+      return False
+    time.sleep(0.2)

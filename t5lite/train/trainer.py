@@ -20,12 +20,17 @@ Preemption. SIGTERM sets a flag; after each step (every preemption_check_period 
 processes agree whether any of them has it, with one tiny collective (one process: just the
 flag). Agreed after step k, every process runs step k + 1 (its batch is already fetched),
 saves checkpoint k + 1 and returns (TrainResult.preempted; the CLI exits 42). Rerunning the
-same command resumes. JAX's preemption sync point (multihost_utils) is not used: it listens
-for SIGTERM with a notifier of its own in C++, which would compete with the Python handler
-that a single-process run needs anyway, so launch/distributed.py turns that service off; one
-all-gather of a flag works on every backend, gloo included.
+same command resumes. The flag is up from the CLI's start (launch/preemption.py), so a SIGTERM
+during startup (init or restore, compiling, an eval before training) counts too: agreed once
+before the first step, every process returns at once without saving (nothing is newer than
+the checkpoint it started from, if any) and the CLI exits 42 all the same. JAX's preemption
+sync point (multihost_utils) is not used: it listens for SIGTERM with a notifier of its own in
+C++, which would compete with the Python handler that a single-process run needs anyway, so
+launch/distributed.py turns that service off; one all-gather of a flag works on every
+backend, gloo included.
 
-Several processes. Each feeds the rows its devices hold (partitioning.process_batch_slice);
+Several processes. First they check that all see MODEL_DIR as one folder
+(model_dir.check_shared). Each feeds the rows its devices hold (partitioning.process_batch_slice);
 only process 0 writes MODEL_DIR files (metrics, config, vocabulary) and prints; every process
 writes its shards of each checkpoint (orbax); the data iterator state is gathered into one.
 """
@@ -34,8 +39,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import signal
-import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -48,6 +51,7 @@ from t5lite.data.describe import converter_for
 from t5lite.data.pipeline import PipelineConfig, get_dataset
 from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator
+from t5lite.launch import preemption
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import abstract_params, init_params, param_logical_axes
 from t5lite.train import checkpoints as ckpt_lib
@@ -126,6 +130,8 @@ class TrainConfig:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
     if not self.model_dir:
       raise ValueError("TrainConfig.model_dir (MODEL_DIR) is not set")
+    model_dir_lib.check_not_url(self.model_dir)
+    model_dir_lib.check_not_url(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
 
 
 @dataclasses.dataclass
@@ -141,33 +147,14 @@ class TrainResult:
   """The step of eval_metrics."""
 
 
-class _Preemption:
-  """SIGTERM -> a flag (the signal handler does nothing else); `agreed` is the same answer on
-  every process: whether any of them got it."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def agreed(self) -> bool:
-    """Whether any process got SIGTERM (a collective when there are several: all call it)."""
-    if jax.process_count() == 1:
-      return self.requested
-    from jax.experimental import multihost_utils
-    flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
-    return bool(np.asarray(flags).any())
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+def _agreed(requested: bool) -> bool:
+  """Whether any process got SIGTERM (`requested`: this one did); the same answer on every
+  process (a collective when there are several: all call it)."""
+  if jax.process_count() == 1:
+    return requested
+  from jax.experimental import multihost_utils
+  flags = multihost_utils.process_allgather(np.array([requested], np.int32))
+  return bool(np.asarray(flags).any())
 
 
 def task_vocabulary(name: str):
@@ -346,15 +333,17 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
                      f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
   trainer = Trainer(model_config, config, mesh)
   model_config = trainer.model_config
+  model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   if trainer.is_primary:
     model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
   else:
     _check_model_dir(config.model_dir, model_config)
     log = _silent  # one progress line per job, from process 0
-  with part.activate(trainer.mesh, trainer.rules), _Preemption() as preemption:
+  # The CLI entered the flag before startup; entering it again takes it over (or installs it).
+  with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm:
     checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint)
     try:
-      return _run(trainer, checkpointer, preemption, log)
+      return _run(trainer, checkpointer, sigterm, log)
     finally:
       checkpointer.close()
 
@@ -371,8 +360,8 @@ def _check_model_dir(model_dir: str, model_config: ModelConfig) -> None:
                                    model_dir)
 
 
-def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Preemption,
-         log: Callable[[str], None]) -> TrainResult:
+def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer,
+         sigterm: preemption.SigtermFlag, log: Callable[[str], None]) -> TrainResult:
   config = trainer.config
   batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
                             config.data_workers)
@@ -404,6 +393,12 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
   if config.run_eval_before_training and (config.eval_period or config.infer_eval_period):
     _log_eval(trainer, state, step, writer, result, log, loss=bool(config.eval_period),
               infer=bool(config.infer_eval_period), evaluators=evaluators)
+  if _agreed(sigterm.requested):  # SIGTERM during startup: nothing new to save
+    writer.close()
+    log(f"t5lite: preempted (SIGTERM) before the first step, at step {step}: nothing new to "
+        "save; rerun the same command to resume")
+    result.preempted = True
+    return result
   meter = _Throughput(trainer, ProgressLine(config.train_steps, start_step=step), step)
   host_batch = next(batches)
   stop = False  # agreed by every process: save after this step and return
@@ -446,7 +441,7 @@ def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer, preemption: _Pre
         host_batch = host_batch_next
         # After the next batch is fetched (host work overlapping the step), before the next
         # step: every process gets the same answer, so all save at the same step.
-        stop = step % config.preemption_check_period == 0 and preemption.agreed()
+        stop = step % config.preemption_check_period == 0 and _agreed(sigterm.requested)
   finally:
     writer.close()
   result.step = step
