@@ -100,7 +100,10 @@ def test_model_dir_is_self_describing(tmp_path):
     train(MODEL.replace(d_model=64), config(tmp_path, train_steps=3), log=quiet)
 
 
-MESHES = [(8, 1, 1), (2, 4, 1), (1, 8, 1), (2, 2, 2)]
+# Data parallel; all three axes at once (batch over data x fsdp, tensor split); FSDP below.
+# (2, 4, 1) and (1, 8, 1) without FSDP rules add nothing these do not cover, and cost ~22 s
+# of the CI budget.
+MESHES = [(8, 1, 1), (2, 2, 2)]
 
 
 @pytest.fixture(scope="module")
