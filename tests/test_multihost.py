@@ -342,7 +342,7 @@ def test_processes_fall_back_together_when_one_cannot_read_a_checkpoint(tmp_path
   def all_gather(failed):  # this process read fine; process 1 fails on step 2 only
     gathered.append(failed)
     return [failed, len(gathered) == 1]
-  monkeypatch.setattr(ckpt_lib, "_all_gather_flag", all_gather)
+  monkeypatch.setattr(ckpt_lib, "all_flags", all_gather)
   checkpointer = ckpt_lib.Checkpointer(tmp_path, read_only=True)
   state, data, step = checkpointer.restore_latest(abstract)
   assert (step, data, gathered) == (1, {"step": 1}, [False, False])

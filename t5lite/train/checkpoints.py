@@ -34,6 +34,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
+from t5lite.train.processes import all_flags
+
 CHECKPOINTS_DIR = "checkpoints"
 ON_CORRUPT = ("fallback", "stop")
 Tree = Any
@@ -174,7 +176,7 @@ class Checkpointer:
         read, error = self._read(step, abstract_state), None
       except CorruptCheckpointError as e:
         read, error = None, e
-      failed = [i for i, bad in enumerate(_all_gather_flag(error is not None)) if bad]
+      failed = [i for i, bad in enumerate(all_flags(error is not None)) if bad]
       if not failed:
         state, data_state = read
         try:  # a collective over the restored arrays: the same answer on every process
@@ -212,15 +214,6 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
-
-
-def _all_gather_flag(flag: bool) -> list[bool]:
-  """Every process's `flag`, in process order (a collective when there are several)."""
-  if jax.process_count() == 1:
-    return [flag]
-  from jax.experimental import multihost_utils
-  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
-  return [bool(f) for f in np.asarray(flags).reshape(-1)]
 
 
 def _check_finite_tree(state: Tree, step: int, directory: str) -> None:

@@ -17,6 +17,7 @@ from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import TaskEvaluator
 from t5lite.train import model_dir as model_dir_lib
 from t5lite.train import partitioning as part
+from t5lite.train.processes import all_flags
 
 Tree = Any
 
@@ -67,15 +68,13 @@ def same_count_of_batches(batches, steps: int) -> Iterator[dict[str, np.ndarray]
   if jax.process_count() == 1:
     yield from itertools.islice(batches, steps)
     return
-  from jax.experimental import multihost_utils
   blank = None
   for i in range(steps):
     batch = next(batches, None)
-    flags = np.asarray(multihost_utils.process_allgather(
-        np.array([batch is not None], np.int32))).reshape(-1)
-    if not flags.any():
+    flags = all_flags(batch is not None)
+    if not any(flags):
       return
-    if i == 0 and not flags.all():
+    if i == 0 and not all(flags):
       return
     if blank is None:
       blank = {k: np.zeros_like(v) for k, v in batch.items()}

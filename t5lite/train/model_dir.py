@@ -131,6 +131,8 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils
+
+  from t5lite.train.processes import all_flags
   model_dir = os.fspath(model_dir)
   token = int(np.asarray(multihost_utils.broadcast_one_to_all(
       np.array(secrets.randbits(31), np.int32))))
@@ -144,7 +146,7 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
       unwritable = f" (process 0 could not write it: {e})"
   multihost_utils.sync_global_devices("t5lite: MODEL_DIR check file written")
   seen = not unwritable and _sees_token(path, token, patience)
-  flags = np.asarray(multihost_utils.process_allgather(np.array([seen], np.int32))).reshape(-1)
+  flags = np.array(all_flags(seen))
   if jax.process_index() == 0 and not unwritable:
     os.remove(path)
   blind = np.flatnonzero(flags == 0).tolist()

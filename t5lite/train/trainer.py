@@ -59,6 +59,7 @@ from t5lite.train import cost_model, data_state, evaluation, model_dir as model_
 from t5lite.train import partitioning as part
 from t5lite.train.metrics_writer import MetricsWriter, ProgressLine
 from t5lite.train.optimizers import OptimizerConfig, learning_rate_at, make_optimizer
+from t5lite.train.processes import all_flags
 from t5lite.train.step import StepConfig, eval_step, train_step
 from t5lite.train.train_state import TrainState
 
@@ -150,11 +151,7 @@ class TrainResult:
 def _agreed(requested: bool) -> bool:
   """Whether any process got SIGTERM (`requested`: this one did); the same answer on every
   process (a collective when there are several: all call it)."""
-  if jax.process_count() == 1:
-    return requested
-  from jax.experimental import multihost_utils
-  flags = multihost_utils.process_allgather(np.array([requested], np.int32))
-  return bool(np.asarray(flags).any())
+  return any(all_flags(requested))
 
 
 def task_vocabulary(name: str):
