@@ -1,4 +1,4 @@
-# `make demo` and `make test` set up .venv on first use, then run. Python 3.11+.
+# `make demo`, `make test` and `make test-fast` set up .venv on first use, then run. Python 3.11+.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
 
-.PHONY: demo test clean
+.PHONY: demo test test-fast clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ $(VENV)/.installed-test: setup.py | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/python -m t5lite.demo --out runs/demo
 
+# Every test (what CI runs).
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests --durations=25
+
+# The edit loop: every test but the slow end-to-end ones (@pytest.mark.slow: CLI subprocesses,
+# multi-host jobs, interrupted runs, long training, benchmarks, the demo configs).
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests -m "not slow" --durations=15
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache

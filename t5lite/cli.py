@@ -5,7 +5,8 @@ multi-host flags (--coordinator_address, --num_processes, --process_id); without
 layout is detected from its environment (t5lite/launch/cluster.py). The other verbs take plain
 flags.
 
-Exit codes: 0 done; 1 the run failed; 2 a bad setup (flags, gin, mesh, a job that did not form);
+Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
+names, paths, sizes, mesh, a job that did not form: t5lite.errors), told in one error line;
 42 (PREEMPTED_EXIT_CODE) `train` stopped on SIGTERM after saving: rerun it to resume.
 """
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 import sys
 
 from t5lite import gin_config, smoke
-from t5lite.launch import PREEMPTED_EXIT_CODE, distributed, preemption
+from t5lite.errors import ConfigError
+from t5lite.launch import PREEMPTED_EXIT_CODE, distributed
+from t5lite.runtime import preemption
 
 GIN_VERBS = {
     "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
@@ -31,6 +34,8 @@ PLAIN_VERBS = {
     "launch": ("print the per-host commands of a pod training job (TPU VM, SLURM, Kubernetes)",
                "t5lite.launch.cli"),
 }
+# Setup mistakes: one line on stderr and exit 2. Anything else is a bug: traceback, exit 1.
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
   --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
@@ -93,8 +98,9 @@ def _add_data_verbs(verbs) -> None:
       p.add_argument("-n", type=int, default=3, help="examples to show")
     else:
       p.add_argument("--max_examples", type=int, default=1000)
-      p.add_argument("--architecture", default="encoder_decoder",
-                     choices=("encoder_decoder", "decoder_only", "encoder_only"))
+      p.add_argument("--family", default=None,
+                     help="the model family whose feature converter packs the examples "
+                     "(default: T5's encoder-decoder; t5lite.families.names() lists them)")
   bench = verbs.add_parser("bench", help="benchmarks side by side with HF: data pipeline, train "
                            "step, decoding; each ends with one JSON line (ratio_vs_hf)")
   bench.add_argument("what", choices=("data", "train", "decode"))
@@ -132,8 +138,12 @@ def _data_verb(args) -> int:
   elif args.tasks_verb == "show":
     print(describe.show_task(args.name, args.split, args.lengths, args.n))
   else:
-    print(json.dumps(describe.task_stats(args.name, args.split, args.lengths, args.max_examples,
-                                         args.architecture), indent=2))
+    from t5lite import families
+    from t5lite.models.config import ModelConfig
+    default = ModelConfig()
+    family = families.get(args.family or default.family_name)(default)
+    print(json.dumps(describe.task_stats(args.name, args.split, args.lengths, family.converter,
+                                         args.max_examples), indent=2))
   return 0
 
 
@@ -185,7 +195,7 @@ def _train(args) -> int:
   import jax
 
   from t5lite.train import trainer
-  from t5lite.train.checkpoints import CorruptCheckpointError
+  from t5lite.runtime.checkpoints import CorruptCheckpointError
   _import_task_modules()
   model_config = gin_config.model_config()
   train_config = gin_config.train_config()
@@ -250,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
       import importlib  # each benchmark loads only what it measures
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
     raise AssertionError(f"unhandled verb {args.verb}")
-  except (gin_config.GinConfigError, KeyError, ValueError, FileNotFoundError,
-          FileExistsError) as e:
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    print(f"t5lite: error: {message}", file=sys.stderr)
+  except USER_ERRORS as e:  # a setup mistake: its message alone; a bug keeps its traceback
+    print(f"{_prog(argv)}: error: {e}", file=sys.stderr)
     return 2
+
+
+def _prog(argv: list[str]) -> str:
+  """'t5lite VERB' for the first verb named in argv (error lines name it), else 't5lite'."""
+  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "plot"}
+  return " ".join(["t5lite"] + [a for a in argv if a in verbs][:1])
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ import tokenize
 
 import gin
 
+from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.eval.run import EvalConfig, InferConfig
 from t5lite.models.config import ModelConfig
-from t5lite.train.checkpoints import CheckpointConfig
+from t5lite.runtime.checkpoints import CheckpointConfig
+from t5lite.runtime.partitioning import MeshConfig
 from t5lite.train.optimizers import OptimizerConfig
-from t5lite.train.partitioning import MeshConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.step import StepConfig
 from t5lite.train.trainer import TrainConfig
@@ -34,7 +35,7 @@ for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 
 
-class GinConfigError(ValueError):
+class GinConfigError(ConfigError):
   """A gin file or binding that cannot be used; the message names the file/flag and line."""
 
 
@@ -141,10 +142,16 @@ def _parse(gin_files: list[str], bindings: list[str]) -> None:
 
 
 def model_config() -> ModelConfig:
-  """The ModelConfig that the parsed gin files built as MODEL_CONFIG."""
+  """The ModelConfig that the parsed gin files built as MODEL_CONFIG, with the run file's
+  DROPOUT_RATE (T5X's macro) as its dropout rate when that is set (None: the model file's).
+
+  This is the one place the macro applies: the config a run trains, saves in MODEL_DIR and
+  later decodes with is the ModelConfig itself, never overridden further down."""
   config = _build("MODEL_CONFIG", ModelConfig,
                   "add a model file, e.g. --gin_file=gin/models/t5_1_1/small.gin")
-  return ModelConfig.from_dict(config.to_dict())
+  config = ModelConfig.from_dict(config.to_dict())
+  dropout_rate = macro("DROPOUT_RATE")
+  return config if dropout_rate is None else config.replace(dropout_rate=float(dropout_rate))
 
 
 def _build(macro: str, cls, hint: str):

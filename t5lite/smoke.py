@@ -1,92 +1,62 @@
-"""`t5lite smoke`: forward/backward steps of a gin-configured model on embedded text.
+"""`t5lite smoke`: a few real training steps of a gin-configured model on embedded text.
 
 A quick check of any model file, without a task or a run config: it builds the model from
-gin, tokenizes real English text that every Python install ships (standard library
-docstrings and reference topics) as UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3), takes a few
-AdamW steps with the model's loss, and fails unless the loss falls. One objective per
-family: encoder-decoder continues a text window, decoder-only models the window,
-encoder-only fills in masked bytes.
+gin and trains it with t5lite's trainer (the very code path of `t5lite train`: family,
+converter, sharded state, jitted step, checkpoint) into a temporary MODEL_DIR, on real English
+text that every Python install ships (standard library docstrings and reference topics) as
+UTF-8 bytes (ByT5 layout: pad 0, eos 1, unk 2, byte b -> b + 3, then 100 extra ids), with the
+model family's own pretraining objective (span corruption for T5, next-token prediction for a
+decoder, MLM for an encoder: Family.pretraining_preprocessors). It fails unless the loss falls.
 """
 from __future__ import annotations
 
-import time
+import tempfile
+from typing import Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-
+from t5lite.data import preprocessors as pp
+from t5lite.data.registry import Feature, TaskRegistry, add_task
+from t5lite.data.sources import FunctionSource
 from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.models import ModelConfig, init_params, make_model, model_inputs
-from t5lite.models.losses import weighted_cross_entropy
+from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.errors import ConfigError
+from t5lite.families import family_of
+from t5lite.models.config import ModelConfig
+from t5lite.runtime.checkpoints import CheckpointConfig
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.trainer import TrainConfig, train
 
-BYTE_OFFSET = 3  # ids 0, 1, 2 are pad, eos, unk
-
-
-def embedded_text() -> str:
-  """The embedded corpus (t5lite.data.stdlib_corpus) as one text, documents by blank lines."""
-  return "\n\n".join(d["text"] for d in stdlib_documents())
-
-
-def make_batch(config: ModelConfig, tokens: np.ndarray, rng: np.random.Generator,
-               batch_size: int, length: int) -> dict[str, np.ndarray]:
-  """One batch in T5X feature names from random windows of 2*length byte tokens."""
-  starts = rng.integers(0, len(tokens) - 2 * length, batch_size)
-  windows = np.stack([tokens[s:s + 2 * length] for s in starts])  # (B, 2L)
-  shift = lambda t: np.pad(t[:, :-1], ((0, 0), (1, 0)))  # BOS = 0
-  if config.architecture == "encoder_decoder":
-    inputs, targets = windows[:, :length], windows[:, length:]
-    return {"encoder_input_tokens": inputs, "decoder_input_tokens": shift(targets),
-            "decoder_target_tokens": targets, "decoder_loss_weights": np.ones_like(targets)}
-  if config.architecture == "decoder_only":
-    batch = {"decoder_input_tokens": shift(windows), "decoder_target_tokens": windows,
-             "decoder_loss_weights": np.ones_like(windows)}
-    if config.prefix_lm:  # the first half is the bidirectional prefix, loss on the rest
-      prefix = np.zeros_like(windows)
-      prefix[:, :length] = 1
-      batch["decoder_causal_attention"] = prefix
-      batch["decoder_loss_weights"] = 1 - prefix
-    return batch
-  masked = rng.random(windows.shape) < 0.15
-  return {"encoder_input_tokens": np.where(masked, 2, windows), "mlm_target_tokens": windows,
-          "mlm_loss_weights": masked.astype(np.int32)}
+VOCABULARY = ByteVocabulary(extra_ids=100)  # 359 ids: the sentinels span corruption needs
 
 
-def _targets_and_weights(config: ModelConfig, batch):
-  if config.architecture == "encoder_only":
-    return batch["mlm_target_tokens"], batch["mlm_loss_weights"]
-  return batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+def smoke_task(config: ModelConfig) -> str:
+  """Registers (once) the embedded-text task with this config's family objective; its name."""
+  family = family_of(config)
+  name = f"t5lite_smoke_{family.name}" + ("_prefix" if config.prefix_lm else "")
+  if name not in TaskRegistry.names():
+    features = {"inputs": Feature(VOCABULARY), "targets": Feature(VOCABULARY)}
+    add_task(name, {"train": FunctionSource(stdlib_documents)}, features,
+             [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize,
+              *family.pretraining_preprocessors(VOCABULARY)])
+  return name
 
 
 def run(config: ModelConfig, *, steps: int = 30, batch_size: int = 8, length: int = 64,
-        learning_rate: float = 3e-3, seed: int = 0, log=print) -> list[float]:
-  """Takes `steps` AdamW steps; returns the per-step losses."""
-  if config.vocab_size < 256 + BYTE_OFFSET:
-    raise ValueError(f"smoke feeds bytes: vocab_size must be >= 259, got {config.vocab_size}")
-  tokens = np.frombuffer(embedded_text().encode("utf-8"), np.uint8).astype(np.int32) + BYTE_OFFSET
-  model = make_model(config, enable_dropout=True)
-  optimizer = optax.adamw(learning_rate)
-  params = init_params(config, seed)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, batch, rng):
-    def loss_fn(p):
-      logits = model.apply({"params": p}, **model_inputs(config, batch), rngs={"dropout": rng})
-      targets, weights = _targets_and_weights(config, batch)
-      return weighted_cross_entropy(logits, targets, weights)["loss"]
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  rng = np.random.default_rng(seed)
-  losses, start = [], time.time()
-  log(f"smoke: {config.architecture} model, {sum(x.size for x in jax.tree_util.tree_leaves(params)):,}"
-      f" params, {len(tokens):,} tokens of embedded text, batch {batch_size} x {length}")
-  for i in range(steps):
-    batch = {k: jnp.asarray(v) for k, v in make_batch(config, tokens, rng, batch_size, length).items()}
-    params, opt_state, loss = step(params, opt_state, batch, jax.random.fold_in(jax.random.key(seed), i))
-    losses.append(float(loss))
-    if i % 5 == 0 or i == steps - 1:
-      log(f"step {i + 1:4d}  loss {losses[-1]:.4f}  ({time.time() - start:.1f}s)")
-  return losses
+        learning_rate: float = 3e-3, seed: int = 0,
+        log: Callable[[str], None] = print) -> list[float]:
+  """Takes `steps` AdamW steps with the trainer; returns the loss of every step."""
+  if config.vocab_size < VOCABULARY.vocab_size:
+    raise ConfigError(f"smoke feeds bytes and 100 sentinels: ModelConfig.vocab_size must be >= "
+                      f"{VOCABULARY.vocab_size}, got {config.vocab_size}")
+  task = smoke_task(config)
+  log(f"smoke: {family_of(config).name} model, batch {batch_size} x {length}, {steps} steps "
+      f"on the embedded text (task {task})")
+  with tempfile.TemporaryDirectory(prefix="t5lite_smoke_") as model_dir:
+    result = train(config, TrainConfig(
+        model_dir=model_dir, train_steps=steps, batch_size=batch_size,
+        mixture_or_task_name=task, task_feature_lengths={"inputs": length, "targets": length},
+        seed=seed, log_period=1, eval_period=0,
+        optimizer=OptimizerConfig(name="adamw", schedule=ScheduleConfig(
+            name="constant", value=learning_rate, warmup_steps=0)),
+        checkpoint=CheckpointConfig(period=steps, keep=1, async_save=False)), log=log)
+  return [result.losses[step] for step in sorted(result.losses)]

@@ -1,8 +1,9 @@
-"""Shared test setup: compilation cache, 8 fake CPU devices, tiny configs, a suite timer.
+"""Shared test setup: compilation cache, 8 fake CPU devices, the `slow` marker, a suite timer.
 
 Environment variables are set before JAX is imported so that test subprocesses inherit them.
+Shared helpers (tiny configs, tree comparisons, logged losses) live in helpers.py; `tiny` and
+`jitted_apply` are re-exported here for tests that import them from conftest.
 """
-import functools
 import os
 import pathlib
 import time
@@ -17,32 +18,17 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from t5lite.models import ModelConfig, make_model  # noqa: E402
+from helpers import TINY, jitted_apply, tiny  # noqa: E402,F401 (re-exported)
 
 _START = time.time()
 
-TINY = dict(vocab_size=128, d_model=32, d_ff=64, num_heads=4, d_kv=8, num_encoder_layers=2,
-            num_decoder_layers=2)
 
-
-def tiny(**changes) -> ModelConfig:
-  """A tiny config (vocab 128, width 32, 2 + 2 layers) with changes."""
-  return ModelConfig(**{**TINY, **changes})
-
-
-@functools.lru_cache(maxsize=None)
-def jitted_apply(config: ModelConfig, enable_dropout: bool = False):
-  """A cached jitted model.apply(params, **inputs) for a config."""
-  model = make_model(config, enable_dropout=enable_dropout)
-
-  @jax.jit
-  def apply(params, inputs, rng=None):
-    rngs = {"dropout": rng} if rng is not None else None
-    return model.apply({"params": params}, **inputs, rngs=rngs)
-  return apply
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "slow: end to end (CLI subprocesses, multi-host jobs, interrupted runs, long "
+      "training, benchmarks, the demo configs); `make test-fast` deselects them")
 
 
 @pytest.fixture

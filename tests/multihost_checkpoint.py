@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
   distributed.initialize(distributed.resolve(args.coordinator_address, args.num_processes,
                                              args.process_id, os.environ),
                          args.initialization_timeout)
-  from t5lite.train import checkpoints
+  from t5lite.runtime import checkpoints
   from t5lite.train.trainer import Trainer
   trainer = Trainer(gin_config.model_config(), gin_config.train_config())
   source = checkpoints.Checkpointer(args.source, read_only=True)

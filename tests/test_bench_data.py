@@ -34,7 +34,7 @@ def split_at_sentinels(seq, vocab_size):
 
 
 def check_span_corruption(raw, inputs, targets, vocab_size):
-  """inputs / targets (EOS included) are T5 span corruption of raw (REFERENCE §1)."""
+  """inputs / targets (EOS included) are T5 span corruption of raw (as corruption.py does it)."""
   inputs, targets = [int(t) for t in inputs], [int(t) for t in targets]
   assert inputs[-1] == 1 and targets[-1] == 1  # EOS on both
   inputs, targets = inputs[:-1], targets[:-1]
@@ -68,6 +68,7 @@ def test_run_reports_positive_figures():
   assert bench.TASK_NAME not in bench.TaskRegistry.names()  # the run cleans up after itself
 
 
+@pytest.mark.slow
 def test_main_ends_with_one_json_line(capsys):
   assert bench.main(["--inputs_length", "32", "--batch_size", "2", "--repeats", "1",
                      "--seconds_per_run", "0.02"]) == 0

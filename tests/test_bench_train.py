@@ -7,6 +7,7 @@ loss agrees too, which checks that both AdamW updates are the same.
 import json
 
 import numpy as np
+import pytest
 
 from t5lite.bench import hf_t5_train, train as bench, train_batches
 
@@ -17,6 +18,7 @@ TINY_ARGS = ["--model", "tiny", "--batch_size", "2", "--inputs_length", "32",
              "--targets_length", "8", "--steps", "2", "--repeats", "1"]
 
 
+@pytest.mark.slow
 def test_pretrain_main_prints_one_json_line_and_both_sides_agree(capsys):
   assert bench.main(TINY_ARGS) == 0
   out = capsys.readouterr().out.strip().splitlines()
@@ -32,6 +34,7 @@ def test_pretrain_main_prints_one_json_line_and_both_sides_agree(capsys):
   assert any(line.startswith("ratio t5lite / HF") for line in out[:-1])  # the table
 
 
+@pytest.mark.slow
 def test_finetune_packs_for_t5lite_and_pads_the_same_examples_for_hf():
   config = bench.model_config("tiny")
   report = bench.run(mode="finetune", config=config, batch_size=2, inputs_length=64,

@@ -4,14 +4,13 @@ import jax
 import numpy as np
 import pytest
 import torch
-import transformers
 
 import t5lite
 from t5lite.models import decoding, init_params, make_model
 from t5lite.models.beam_search import beam_search, top_k_by_blocks
-from t5lite.models.params import scan_params
+from t5lite.models.params import abstract_params, scan_params, unscan_params
 
-from conftest import tiny
+from helpers import hf_generate, hf_t5, tiny
 
 MAX = 7
 CONFIGS = {
@@ -145,14 +144,13 @@ def test_beam_search_keeps_finished_hypotheses_and_scores_them():
   inputs = prompts(7)
   greedy = t5lite.generate(config, params, inputs, max_decode_length=MAX)
   eos_params = with_eos_for(config, params, int(greedy[0, 2]))
-  dconfig, dparams = decoding.decoding_model_inputs(config, eos_params)
 
   @jax.jit
   def run(params, tokens):
-    prefill = decoding.start(dconfig, params, tokens, MAX, copies=3)
+    prefill = decoding.start(config, params, tokens, MAX, copies=3)
     return beam_search(prefill, num_beams=3, max_decode_length=MAX, alpha=0.6)
 
-  seqs, scores = run(dparams, inputs)
+  seqs, scores = run(eos_params, inputs)
   seqs, scores = np.asarray(seqs), np.asarray(scores)
   assert np.all(np.diff(scores, axis=1) <= 0)  # best first
   # Finished hypotheses' scores are their log-likelihoods over T5X's length penalty.
@@ -167,37 +165,81 @@ def test_beam_search_keeps_finished_hypotheses_and_scores_them():
                                                     num_beams=3))
 
 
-def test_scanned_params_decode_the_same():
-  config = CONFIGS["enc_dec_relative_bias"]
-  params = init_params(config, 4)
+def scanned(config, params):
+  """The same model with scan_layers=True: (config, params stacked per layer stack)."""
+  config = config.replace(scan_layers=True)
+  return config, scan_params(params, config)
+
+
+def test_scanned_params_decode_and_score_exactly_the_same(model):
+  config, params = model
+  scanned_model = scanned(config, params)
   inputs = prompts(8)
-  scanned = config.replace(scan_layers=True)
-  np.testing.assert_array_equal(
-      t5lite.generate(scanned, scan_params(params, scanned), inputs, max_decode_length=MAX),
-      t5lite.generate(config, params, inputs, max_decode_length=MAX))
+  for method in ("greedy", "beam"):
+    out = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
+    np.testing.assert_array_equal(
+        t5lite.generate(*scanned_model, inputs, max_decode_length=MAX, method=method), out)
+  np.testing.assert_array_equal(decoding.score(*scanned_model, inputs, out),
+                                decoding.score(config, params, inputs, out))
+  np.testing.assert_array_equal(decoding.teacher_forced_logits(*scanned_model, inputs, out),
+                                decoding.teacher_forced_logits(config, params, inputs, out))
+
+
+@pytest.fixture
+def unscan_only_under_jit(monkeypatch):
+  """decoding's unscan_params, failing when it gets concrete arrays (a second copy of every
+  layer, made outside jit); yields its calls. Programs are traced afresh, before and after."""
+  calls = []
+
+  def traced_only(params):
+    leaves = jax.tree_util.tree_leaves(params)
+    assert all(isinstance(leaf, jax.core.Tracer) for leaf in leaves), "sliced outside jit"
+    calls.append(len(leaves))
+    return unscan_params(params)
+
+  cached = (decoding.jitted_generate, decoding._jitted_score, decoding._jitted_teacher_forced)
+  for fn in cached:
+    fn.cache_clear()
+  monkeypatch.setattr(decoding, "unscan_params", traced_only)
+  yield calls
+  for fn in cached:
+    fn.cache_clear()
+
+
+def test_scanned_layers_are_sliced_only_inside_jit(unscan_only_under_jit):
+  config = CONFIGS["enc_dec_relative_bias"]
+  config, params = scanned(config, init_params(config, 4))
+  inputs = prompts(12)
+  for method in ("greedy", "beam"):
+    out = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
+  decoding.score(config, params, inputs, out)
+  decoding.teacher_forced_logits(config, params, inputs, out)
+  assert unscan_only_under_jit  # the stand-in was used: it saw the stacks, as tracers
+
+
+def test_decoding_holds_no_copy_of_the_scanned_layers():
+  """Compiled for stacks of 19 MB of layers, greedy decoding's temporaries stay far below
+  one copy of them (2 MB): XLA slices each layer where it is read. XLA:CPU's default
+  scheduler would make all the slices up front (19 MB of temporaries); `t5lite bench decode
+  --memory` measures the RSS."""
+  config = tiny(d_model=256, d_ff=1024, num_heads=4, d_kv=64, scan_layers=True)
+  params = abstract_params(config)
+  layers = sum(x.size * x.dtype.itemsize for stack in ("encoder", "decoder")
+               for x in jax.tree_util.tree_leaves(params[stack]["layers"]))
+  run = decoding.jitted_generate(config, "greedy", MAX, (("temperature", 0.0),))
+  tokens = jax.ShapeDtypeStruct((4, 16), np.int32)
+  stats = run.lower(params, tokens, jax.random.key(0)).compile().memory_analysis()
+  assert layers > 15e6 and stats.temp_size_in_bytes < layers / 4, (stats, layers)
 
 
 def make_hf_model(seed=0, vocab=101):
   """A random T5 v1.1-style model (gated-GELU, untied lm_head), as in test_hf.py. Equal
   depths: transformers 5.x generate sizes its cache by the encoder depth."""
-  torch.manual_seed(seed)
-  model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-      vocab_size=vocab, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_layers=2,
-      num_decoder_layers=2, relative_attention_num_buckets=8,
-      relative_attention_max_distance=20, feed_forward_proj="gated-gelu",
-      tie_word_embeddings=False, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
-      eos_token_id=1)).eval()
-  model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.3)
-  return model
-
-
-def hf_generate(model, inputs, max_new_tokens, **kwargs):
-  """HF generate output without its start token, 0-padded to max_new_tokens."""
-  with torch.no_grad():
-    out = model.generate(input_ids=torch.tensor(inputs),
-                         attention_mask=torch.tensor(inputs > 0).long(),
-                         max_new_tokens=max_new_tokens, **kwargs).numpy()[:, 1:]
-  return np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])))
+  return hf_t5(seed, vocab, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_layers=2,
+               num_decoder_layers=2, relative_attention_num_buckets=8,
+               relative_attention_max_distance=20, feed_forward_proj="gated-gelu",
+               tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0,
+               eos_token_id=1)
 
 
 def test_greedy_matches_hf_generate(tmp_path):
@@ -262,6 +304,7 @@ def test_beam_search_equals_a_cache_free_reference(alpha):
       ours, reference_beam_search(config, eos_params, inputs, 3, MAX, alpha))
 
 
+@pytest.mark.slow
 def test_generate_and_score_inside_a_mesh():
   """Sharded params (logical axis rules over a data x tensor mesh of fake CPU devices)."""
   import flax.linen as nn

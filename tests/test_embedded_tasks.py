@@ -8,6 +8,7 @@ import pytest
 import t5lite_tasks  # noqa: F401 (registers the tasks)
 from t5lite import cli
 from t5lite.data import describe, pipeline
+from t5lite.data.converters import EncDecFeatureConverter
 from t5lite.data.registry import TaskRegistry
 from t5lite_tasks import embedded
 
@@ -70,7 +71,7 @@ def test_cache_cli_and_cached_training_data(tmp_path, capsys):
                    "--cache_dir", str(tmp_path)]) == 0
   info = json.loads(capsys.readouterr().out.splitlines()[-1])
   assert info["examples"] == info["source_examples"] > 700
-  converter = describe.converter_for("encoder_decoder")
+  converter = EncDecFeatureConverter()
   runs = []
   for cached in (True, False):
     config = pipeline.PipelineConfig(global_batch_size=4, task_feature_lengths=LENGTHS,

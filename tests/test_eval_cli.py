@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 import train_tasks
-from conftest import REPO, tiny
+from conftest import REPO
+from helpers import quiet, tiny, train_config
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry
 from t5lite.eval import metrics, run
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.models import decoding
-from t5lite.train.model_dir import load_params
-from t5lite.train.optimizers import OptimizerConfig
-from t5lite.train.trainer import TrainConfig, train
+from t5lite.runtime.model_dir import load_params
+from t5lite.train.trainer import train
 
 LENGTHS = "{'inputs': 64, 'targets': 16}"
 
@@ -29,10 +29,7 @@ def model_dir(tmp_path_factory):
   object.__setattr__(task, "metric_fns", (metrics.sequence_accuracy, metrics.bleu,
                                           metrics.mean_log_likelihood))
   directory = tmp_path_factory.mktemp("run")
-  train(tiny(vocab_size=384), TrainConfig(
-      model_dir=str(directory), train_steps=3, batch_size=8,
-      mixture_or_task_name="train_test_copy", task_feature_lengths={"inputs": 64, "targets": 16},
-      eval_period=0, optimizer=OptimizerConfig(name="adamw")), log=lambda _: None)
+  train(tiny(vocab_size=384), train_config(directory), log=quiet)
   yield directory
   object.__setattr__(task, "metric_fns", ())
 
@@ -62,6 +59,7 @@ def test_eval_writes_metrics_and_predictions(model_dir, capsys):
   assert all(r["score"] < 0 for r in records)
 
 
+@pytest.mark.slow
 def test_infer_reads_lines_and_jsonl_and_writes_jsonl(model_dir, tmp_path):
   inputs = tmp_path / "inputs.txt"
   inputs.write_text('alpha beta gamma\n{"inputs": "théta eta"}\n\ndelta\n', encoding="utf-8")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import train_tasks
+from helpers import tiny_decoder_only
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.eval import metrics
@@ -113,7 +114,7 @@ def test_few_shot_prompts_and_metrics(task):
       out[i, :len(ids)] = ids
     return out
 
-  decoder_only = train_tasks.tiny_decoder_only()
+  decoder_only = tiny_decoder_only()
   result = few_shot_evaluate(decoder_only, None, task, config, prompt_length=1024,
                              decode=DecodeConfig(batch_size=4, max_decode_length=256),
                              max_examples=4, generate_fn=answer)
@@ -126,7 +127,7 @@ def test_few_shot_runs_a_real_decoder_only_model(task):
   claim for an untrained model)."""
   from t5lite.eval.few_shot import FewShotConfig, few_shot_evaluate
   from t5lite.models import init_params
-  model = train_tasks.tiny_decoder_only()
+  model = tiny_decoder_only()
   result = few_shot_evaluate(model, init_params(model, 0), task, FewShotConfig(k=1),
                              prompt_length=256, decode=DecodeConfig(batch_size=4,
                                                                     max_decode_length=8),

@@ -17,11 +17,11 @@ from t5lite import cli
 from t5lite.data import vocabularies
 from t5lite.export import hf, hf_tokenizer, params_only
 from t5lite.models.params import init_params
-from t5lite.train import model_dir, partitioning
-from t5lite.train.optimizers import OptimizerConfig
-from t5lite.train.trainer import TrainConfig, train
+from t5lite.runtime import model_dir, partitioning
+from t5lite.train.trainer import train
 import train_tasks
-from conftest import tiny
+from helpers import (assert_trees_equal, checkpoint_params, hf_generate, quiet, tiny,
+                     train_config)
 
 # Real text with accents, CJK, an emoji, a ligature, tabs, newlines and runs of spaces: the
 # characters a sentencepiece model without them must spell in bytes (byte fallback).
@@ -44,16 +44,9 @@ def run(*argv):
 def trained(tmp_path_factory):
   """A tiny T5 v1.1 (untied, gated-GELU) trained 3 steps on the byte-vocabulary copy task."""
   directory = tmp_path_factory.mktemp("run")
-  train(tiny(vocab_size=384), TrainConfig(
-      model_dir=str(directory), train_steps=3, batch_size=8,
-      mixture_or_task_name="train_test_copy", task_feature_lengths={"inputs": 32, "targets": 16},
-      eval_period=0, optimizer=OptimizerConfig(name="adamw")), log=lambda _: None)
+  train(tiny(vocab_size=384), train_config(
+      directory, task_feature_lengths={"inputs": 32, "targets": 16}), log=quiet)
   return str(directory)
-
-
-def checkpoint_params(path):
-  config, params, step = model_dir.load_params(path)
-  return config, jax.device_get(params), step
 
 
 def inputs(seed, vocab=384):
@@ -61,15 +54,6 @@ def inputs(seed, vocab=384):
   x[:, -1] = 1
   x[2, 6:] = 0  # a padded row
   return x
-
-
-def hf_generate(model, tokens, max_new_tokens):
-  with torch.no_grad():
-    out = model.generate(input_ids=torch.tensor(tokens),
-                         attention_mask=torch.tensor(tokens > 0).long(),
-                         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1).numpy()
-  out = out[:, 1:]  # HF's start token
-  return np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])))
 
 
 def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained, tmp_path):
@@ -87,7 +71,7 @@ def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained,
   np.testing.assert_allclose(t5lite.logits(config, params, enc, dec), theirs,
                              rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
   np.testing.assert_array_equal(t5lite.generate(config, params, enc, max_decode_length=9),
-                                hf_generate(model, enc, 9))
+                                hf_generate(model, enc, 9, do_sample=False, num_beams=1))
   # ByT5's byte layout: transformers' own ByT5Tokenizer encodes like ByteVocabulary.
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
   vocab = vocabularies.load_vocabulary(trained)
@@ -99,7 +83,7 @@ def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained,
   run("import", "hf", "--from", str(out), "--out", str(back))
   config2, params2, step2 = checkpoint_params(back)
   assert step2 == 0 and config2.replace(dropout_rate=config.dropout_rate) == config
-  jax.tree.map(np.testing.assert_array_equal, params2, params)
+  assert_trees_equal(params2, params)
   assert vocabularies.load_vocabulary(back) == vocab
 
 
@@ -127,7 +111,7 @@ def test_v1_0_tied_relu_layout_and_sharded_weights(tmp_path):
                              rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
   loaded_config, loaded = hf.load_hf(str(out))
   assert loaded_config.tie_output_embedding and loaded_config.scale_logits
-  jax.tree.map(np.testing.assert_array_equal, loaded, jax.device_get(params))
+  assert_trees_equal(loaded, params)
 
 
 def stdlib_text():
@@ -172,6 +156,7 @@ def test_tokenizer_json_encodes_like_the_sentencepiece_vocabulary(model_type, no
   assert fallback > 10  # the sample really exercised byte fallback
 
 
+@pytest.mark.slow
 def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trained, tmp_path):
   config, params, step = checkpoint_params(trained)
   out = tmp_path / "params"
@@ -190,13 +175,12 @@ def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trai
   kernel = restored["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   assert kernel.sharding.spec != jax.sharding.PartitionSpec() and kernel.dtype == "bfloat16"
   expected = params_only.cast_params(params, "bfloat16")
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
+  assert_trees_equal(restored, expected)
   # Finetuning starts from it (params only, T5X step counting: TRAIN_STEPS is the last step).
-  result = train(tiny(vocab_size=384), TrainConfig(
-      model_dir=str(tmp_path / "finetune"), train_steps=step + 2, batch_size=8,
-      mixture_or_task_name="train_test_copy", task_feature_lengths={"inputs": 32, "targets": 16},
-      eval_period=0, initial_checkpoint_path=str(out),
-      optimizer=OptimizerConfig(name="adamw")), log=lambda _: None)
+  result = train(tiny(vocab_size=384), train_config(
+      tmp_path / "finetune", train_steps=step + 2,
+      task_feature_lengths={"inputs": 32, "targets": 16}, initial_checkpoint_path=str(out)),
+      log=quiet)
   assert result.step == step + 2 and np.isfinite(list(result.losses.values())).all()
 
 

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 import t5lite
+from helpers import assert_trees_equal, hf_t5, tiny
 from t5lite.export import hf as hf_export
 
 # (name, T5Config kwargs, untied): v1.0-style tied ReLU, v1.1-style untied gated-GELU, and
@@ -33,12 +34,7 @@ VOCAB = 101
 
 def make_hf_model(name: str, seed: int = 0) -> transformers.T5ForConditionalGeneration:
   kwargs, untied = HF_CONFIGS[name]
-  torch.manual_seed(seed)
-  model = transformers.T5ForConditionalGeneration(
-      transformers.T5Config(vocab_size=VOCAB, dropout_rate=0.0, **kwargs)).eval()
-  if untied:  # transformers 5.x ties unless lm_head gets its own tensor (REFERENCE §4)
-    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight) * 0.3)
-  return model
+  return hf_t5(seed, VOCAB, untied, **kwargs)
 
 
 def hf_logits(model, enc, dec):
@@ -98,7 +94,7 @@ def test_save_load_round_trip_is_bitwise_and_hf_loads_the_export(saved_hf, tmp_p
   t5lite.save_hf(config, params, out)
   config2, params2 = t5lite.load_hf(out)
   assert config2 == config
-  jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
+  assert_trees_equal(params2, params)
   reloaded, info = transformers.T5ForConditionalGeneration.from_pretrained(
       out, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
@@ -192,10 +188,9 @@ def test_logits_accepts_one_example():
 @pytest.mark.parametrize("changes, field", [
     (dict(position_encoding="rope"), "position_encoding='rope'"),
     (dict(norm="layer"), "norm='layer'"),
-    (dict(architecture="decoder_only"), "architecture='decoder_only'"),
+    (dict(architecture="decoder_only"), "a 'decoder_only' model has no HF T5 layout"),
 ])
 def test_variants_without_an_hf_equivalent_are_refused(changes, field, tmp_path):
-  from conftest import tiny
   config = tiny(**changes)
   with pytest.raises(ValueError, match=field):
     t5lite.save_hf(config, t5lite.init_params(config), str(tmp_path))
@@ -206,7 +201,6 @@ def test_variants_without_an_hf_equivalent_are_refused(changes, field, tmp_path)
 def test_tied_and_scaled_logits_must_agree(tied, tmp_path):
   """transformers 4.x reads tie_word_embeddings as tied *and* scaled: any other combination
   would give it wrong logits, so it is refused before anything is written."""
-  from conftest import tiny
   config = tiny(tie_output_embedding=tied, scale_logits=not tied)
   with pytest.raises(ValueError, match=f"tie_output_embedding={tied} but scale_logits="
                      f"{not tied}: HF's T5 layout .transformers 4.x semantics.* needs them equal"):

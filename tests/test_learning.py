@@ -7,16 +7,18 @@ import json
 import numpy as np
 import pytest
 
-from conftest import tiny
+from helpers import tiny
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.data.sources import FunctionSource
 from t5lite.eval import metrics
-from t5lite.train.checkpoints import CheckpointConfig
+from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import TrainConfig, train
 from train_tasks import FEATURES
+
+pytestmark = pytest.mark.slow  # 400 training steps, then greedy decodes: a long run
 
 LETTERS = list("abcdefghij")
 EXACT_MATCH_GOAL = 90.0  # percent of validation strings copied exactly

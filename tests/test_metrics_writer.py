@@ -8,9 +8,10 @@ import struct
 
 import pytest
 
+from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
+from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine, format_duration
 from t5lite.train import cost_model, plot
-from t5lite.train.metrics_writer import MetricsWriter, ProgressLine, format_duration
 
 
 # --- metrics.jsonl and TensorBoard -------------------------------------------------------------
@@ -115,8 +116,17 @@ T5_V11_BASE = ModelConfig(d_model=768, d_ff=2048, num_heads=12, d_kv=64, num_enc
                           num_decoder_layers=12, vocab_size=32128)
 
 
+def _flops(config, inputs: int, targets: int) -> float:
+  """The family's FLOPs of one example with these encoder input / decoder target lengths
+  (a decoder-only stream holds both: the converter concatenates inputs and targets)."""
+  lengths = {"encoder_input_tokens": inputs, "decoder_target_tokens": targets}
+  if config.architecture == "decoder_only":
+    lengths = {"decoder_target_tokens": inputs + targets}
+  return family_of(config).flops_per_example(lengths)
+
+
 def test_t5_base_flops():
-  assert cost_model.flops_per_sequence(T5_V11_BASE, 512, 114) == pytest.approx(426e9, rel=0.01)
+  assert _flops(T5_V11_BASE, 512, 114) == pytest.approx(426e9, rel=0.01)
 
 
 def test_small_config_by_hand():
@@ -125,56 +135,18 @@ def test_small_config_by_hand():
   # attention block 4*4*2*2 = 64, MLP 2*4*8 = 64: encoder layer 128, decoder layer 192,
   # P_xkv = 2*4*2*2 = 32; attention pairs cost 12*h*d_kv = 48.
   # 6*[128*3 + (192-32)*2 + 32*3 + 4*10*2] + 48*[9 + (4 + 6)] = 6*880 + 48*19
-  assert cost_model.flops_per_sequence(config, 3, 2) == 6 * 880 + 48 * 19
+  assert _flops(config, 3, 2) == 6 * 880 + 48 * 19
   # decoder_only over L = 3 + 2: 6*(128 + 40)*5 + 48*25
   decoder = config.replace(architecture="decoder_only")
-  assert cost_model.flops_per_sequence(decoder, 3, 2) == 6 * 168 * 5 + 48 * 25
+  assert _flops(decoder, 3, 2) == 6 * 168 * 5 + 48 * 25
   # encoder_only over L = 3: 6*(128 + 40)*3 + 48*9
   encoder = config.replace(architecture="encoder_only")
-  assert cost_model.flops_per_sequence(encoder, 3, 0) == 6 * 168 * 3 + 48 * 9
+  assert _flops(encoder, 3, 0) == 6 * 168 * 3 + 48 * 9
   # Gated MLP: one more d x d_ff kernel per layer (2 layers, 32 params each, over 3 and 2 tokens).
   gated = config.replace(mlp_activation="gated-gelu")
-  assert (cost_model.flops_per_sequence(gated, 3, 2)
-          - cost_model.flops_per_sequence(config, 3, 2)) == 6 * 32 * (3 + 2)
-
-
-@pytest.mark.parametrize("kind,expected", [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-40GB", 312e12),
-    ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12), ("TPU v5p", 459e12),
-    ("TPU v5", 459e12), ("cpu", None), ("NVIDIA GeForce RTX 3090", None),
-])
-def test_peak_flops(kind, expected):
-  assert cost_model.peak_flops(kind) == expected
-
-
-def test_mfu():
-  assert cost_model.mfu(426e9 * 256, 0.5, 8 * 989e12) == pytest.approx(426e9 * 256 / 0.5 / 7.912e15)
-  with pytest.raises(ValueError):
-    cost_model.mfu(1.0, 0.0, 1.0)
-
-
-# --- plot -------------------------------------------------------------------------------------
-
-def test_plot_writes_png(tmp_path):
-  with MetricsWriter(tmp_path) as writer:
-    for step in range(1, 6):
-      writer.write(step, {"loss": 5.0 / step})
-    writer.write(5, {"eval/t/accuracy": 0.6, "eval/t/loss": 1.5})
-  path = plot.plot_losses(tmp_path)
-  assert path == str(tmp_path / "loss.png")
-  with open(path, "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  out = tmp_path / "other.png"
-  assert plot.main([str(tmp_path), "--out", str(out)]) == 0
-  assert out.stat().st_size > 0
-
-
-def test_plot_errors_clearly(tmp_path, capsys):
-  with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
-    plot.plot_losses(tmp_path)
-  with pytest.raises(SystemExit) as exit_info:
-    plot.main([str(tmp_path)])
-  assert exit_info.value.code == 1 and "metrics.jsonl" in capsys.readouterr().err
-  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval/t/acc": 0.5}) + "\n")
-  with pytest.raises(ValueError, match="no 'loss'"):
-    plot.plot_losses(tmp_path)
+  assert _flops(gated, 3, 2) - _flops(config, 3, 2) == 6 * 32 * (3 + 2)
+  # Tokens per example: what each family trains on.
+  assert family_of(config).tokens_per_example(
+      {"encoder_input_tokens": 3, "decoder_target_tokens": 2, "decoder_loss_weights": 2}) == 5
+  assert family_of(encoder).tokens_per_example(
+      {"encoder_input_tokens": 3, "mlm_target_tokens": 3}) == 3

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from conftest import jitted_apply, tiny
+from helpers import jitted_apply, tiny
 from t5lite.models import (abstract_params, count_params, init_params, make_model,
                            param_logical_axes)
 from t5lite.models.params import scan_params, unscan_params
@@ -124,8 +124,10 @@ def test_encoder_padding_mask_comes_from_tokens_when_segments_are_omitted():
   np.testing.assert_allclose(np.asarray(long), np.asarray(short), atol=1e-5, rtol=1e-5)
 
 
+# The remat policies change what is saved, not the values: `make test-fast` checks "none".
 @pytest.mark.parametrize("name", ["t5_v1_1", "decoder_only_rope_swiglu", "encoder_only_learned"])
-@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+@pytest.mark.parametrize("remat", ["none", pytest.param("full", marks=pytest.mark.slow),
+                                   pytest.param("dots", marks=pytest.mark.slow)])
 def test_scan_matches_unrolled_values_and_gradients(name, remat):
   config = VARIANTS[name]
   scanned = config.replace(scan_layers=True, remat_policy=remat)

@@ -34,13 +34,14 @@ import yaml
 
 import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
 from conftest import REPO
+from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli, gin_config
 from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed
 from t5lite.launch import cli as launch_cli
-from t5lite.train import checkpoints as ckpt_lib
+from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime import model_dir as model_dir_lib
+from t5lite.runtime import partitioning as part
 from t5lite.train import evaluation
-from t5lite.train import model_dir as model_dir_lib
-from t5lite.train import partitioning as part
 from t5lite.train.trainer import Trainer, train
 
 STEPS = 20
@@ -130,22 +131,11 @@ def finish(processes: list, logs, timeout: float = 240) -> list[tuple[int, str]]
   return [(code, open(name).read()) for code, name in zip(codes, names)]
 
 
-def losses(model_dir) -> dict[int, float]:
-  out = {}
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get("loss") is not None:
-        out[record["step"]] = record["loss"]
-  return out
-
-
 def eval_losses(model_dir, metric="loss") -> dict[int, float]:
   """step -> eval loss (or another eval metric): the validation split runs out at a different
   batch on each process."""
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r[f"eval/{TASK}/{metric}"] for r in records if f"eval/{TASK}/{metric}" in r}
+  return {r["step"]: r[f"eval/{TASK}/{metric}"] for r in metrics_records(model_dir)
+          if f"eval/{TASK}/{metric}" in r}
 
 
 def predictions(model_dir, step) -> list[str]:
@@ -222,8 +212,8 @@ def preempted(gin_file, tmp_path_factory):
        f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=1000"],
       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   deadline = time.time() + 240
-  while not (os.path.exists(model_dir / "metrics.jsonl") and max(losses(model_dir), default=0)
-             >= 2):
+  while not (os.path.exists(model_dir / "metrics.jsonl")
+             and max(logged_losses(model_dir), default=0) >= 2):
     if script.poll() is not None or time.time() > deadline:
       script.kill()
       logs = [(root / f"task{i}.log").read_text() for i in (0, 1)
@@ -248,6 +238,7 @@ def saved_step(preempted) -> int:
 
 # --- 2 processes x 2 devices, SIGTERM, the SLURM recipe --------------------------------------
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_saves_one_step_everywhere_and_requeues(preempted):
   assert preempted.task_codes == [PREEMPTED_EXIT_CODE] * 2, preempted.task_logs
   assert preempted.code == PREEMPTED_EXIT_CODE, preempted.out
@@ -255,17 +246,20 @@ def test_sigterm_to_one_process_saves_one_step_everywhere_and_requeues(preempted
   step = saved_step(preempted)
   # A step folder is committed only when every process has written its shards.
   assert ckpt_lib.Checkpointer(preempted.model_dir, read_only=True).latest_step() == step
-  assert max(losses(preempted.model_dir)) == step  # all stopped right after it
+  assert max(logged_losses(preempted.model_dir)) == step  # all stopped right after it
   assert "2 processes, 4 devices (2 per process) via SLURM srun step" in preempted.task_logs[0]
   assert "step 1/1000" not in preempted.task_logs[1]  # only process 0 prints progress
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_losses(reference, preempted):
   step = saved_step(preempted)
   assert 3 <= step < STEPS
-  assert_losses_match(losses(preempted.model_dir), losses(reference), range(1, step + 1))
+  assert_losses_match(logged_losses(preempted.model_dir), logged_losses(reference),
+                      range(1, step + 1))
 
 
+@pytest.mark.slow
 def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, gin_file,
                                                          tmp_path):
   step = saved_step(preempted)
@@ -273,7 +267,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, g
   model_config, config = configs(gin_file, model_dir)
   result = train(model_config, config, mesh=four_device_mesh(), log=lambda _: None)
   assert sorted(result.losses) == list(range(step + 1, STEPS + 1))
-  assert_losses_match(result.losses, losses(reference), range(step + 1, STEPS + 1))
+  assert_losses_match(result.losses, logged_losses(reference), range(step + 1, STEPS + 1))
   np.testing.assert_allclose(result.eval_metrics[f"eval/{TASK}/loss"],
                              eval_losses(reference)[STEPS], rtol=RTOL)
   # The iterator went on from the 2-process state: at the end it is exactly the reference's.
@@ -282,6 +276,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, g
 
 # --- 4 processes x 1 device, through `t5lite launch --kind=local` ----------------------------
 
+@pytest.mark.slow
 def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, tmp_path):
   model_dir = keep_checkpoint(reference, tmp_path / "run", step=5)
   launch = subprocess.run(
@@ -292,8 +287,8 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
       cwd=REPO, env=environment(1), capture_output=True, text=True, timeout=300)
   assert launch.returncode == 0, launch.stdout + launch.stderr
   assert "4 processes, 4 devices (1 per process)" in launch.stderr
-  assert sorted(losses(model_dir)) == list(range(6, 11))
-  assert_losses_match(losses(model_dir), losses(reference), range(6, 11))
+  assert sorted(logged_losses(model_dir)) == list(range(6, 11))
+  assert_losses_match(logged_losses(model_dir), logged_losses(reference), range(6, 11))
   # Four processes evaluate the whole validation split, as one did.
   np.testing.assert_allclose(eval_losses(model_dir)[10], eval_losses(reference)[10], rtol=RTOL)
   assert data_state(model_dir, 10) == data_state(reference, 10)
@@ -306,6 +301,7 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
 
 # --- checkpoints across process counts, bitwise ----------------------------------------------
 
+@pytest.mark.slow
 def test_a_checkpoint_round_trip_through_two_processes_is_exact(reference, gin_file, tmp_path):
   target = tmp_path / "saved_by_two"
   processes = job([sys.executable, REPO / "tests" / "multihost_checkpoint.py", gin_file,
@@ -321,9 +317,7 @@ def test_a_checkpoint_round_trip_through_two_processes_is_exact(reference, gin_f
     checkpointer.close()
   (ours, our_data), (theirs, their_data) = states
   assert int(theirs.step) == STEPS and their_data == our_data
-  leaves = jax.tree_util.tree_leaves_with_path(jax.device_get(ours))
-  for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(jax.device_get(theirs))):
-    assert np.array_equal(a, b), jax.tree_util.keystr(path)
+  assert_trees_equal(ours, theirs)
 
 
 def test_processes_fall_back_together_when_one_cannot_read_a_checkpoint(tmp_path, monkeypatch):
@@ -414,6 +408,7 @@ def bad_setups(gin_file, tmp_path_factory):
   return results
 
 
+@pytest.mark.slow
 def test_an_unreachable_coordinator_is_named_within_the_timeout(bad_setups):
   [(code, out)] = bad_setups["unreachable"]
   assert code == 2, out
@@ -421,12 +416,14 @@ def test_an_unreachable_coordinator_is_named_within_the_timeout(bad_setups):
   assert bad_setups["seconds"] < 100
 
 
+@pytest.mark.slow
 def test_a_missing_process_ends_the_wait(bad_setups):
   [(code, out)] = bad_setups["missing_process"]
   assert code == 2, out
   assert "the job did not form within 3s" in out and "not every one of the 2 processes" in out
 
 
+@pytest.mark.slow
 def test_mismatched_process_counts_stop_every_process(bad_setups):
   for code, out in bad_setups["counts"]:
     assert code == 2, out
@@ -435,12 +432,14 @@ def test_mismatched_process_counts_stop_every_process(bad_setups):
       bad_setups["counts"][0][1]
 
 
+@pytest.mark.slow
 def test_a_mesh_that_does_not_fit_the_devices_stops_every_process(bad_setups):
   for code, out in bad_setups["mesh"]:
     assert code == 2, out
     assert "mesh (3, 1, 1) needs 3 devices, the 2 processes have 4" in out
 
 
+@pytest.mark.slow
 def test_a_batch_that_does_not_split_evenly_names_both_numbers(bad_setups):
   for code, out in bad_setups["batch"]:
     assert code == 2, out

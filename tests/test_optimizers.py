@@ -1,4 +1,5 @@
-"""Optimizers and schedules: scanned == unrolled Adafactor, T5X factoring, schedules, AdamW."""
+"""Optimizers and schedules: scanned == unrolled Adafactor, T5X factoring, declared state axes,
+schedules, AdamW."""
 import dataclasses
 import functools
 
@@ -9,12 +10,12 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from conftest import tiny
+from helpers import tiny
 from t5lite.models import abstract_params, make_model, param_logical_axes
 from t5lite.models.params import scan_params, unscan_params
 from t5lite.train import schedules
-from t5lite.train.optimizers import (OptimizerConfig, adafactor, factored_dims,
-                                     learning_rate_at, make_optimizer)
+from t5lite.train.optimizers import (OptimizerConfig, adafactor, declared, factored_dims,
+                                     learning_rate_at, make_optimizer, trainable_only)
 from t5lite.train.schedules import ScheduleConfig, make_schedule
 
 STEPS = 3
@@ -169,6 +170,86 @@ def test_adafactor_update_clipping_is_per_layer():
   np.testing.assert_array_less(rms, 0.1 * (1 + 1e-5))
   np.testing.assert_allclose(rms[0], 0.1, rtol=1e-5)  # clipped exactly to the threshold
   assert rms[1] > 0.05 and rms[2] > 0.05  # not shrunk by layer 0's clipping
+
+
+# --- declared state axes
+
+VARIANTS = {
+    "adafactor": OptimizerConfig(min_dim_size_to_factor=8),
+    "adafactor_unfactored": OptimizerConfig(factored=False),
+    "adafactor_nothing_large_enough": OptimizerConfig(),  # every tiny dim < 128
+    "adafactor_momentum_clip": OptimizerConfig(min_dim_size_to_factor=8, momentum=0.9,
+                                               global_norm_clip=1.0),
+    "adamw": OptimizerConfig("adamw"),
+    "adamw_clip_no_decay": OptimizerConfig("adamw", global_norm_clip=1.0, weight_decay=0.0),
+}
+
+
+def _is_spec(x) -> bool:
+  return isinstance(x, P)
+
+
+def _assert_declares_its_state(tx, params, param_axes):
+  """tx.state_axes(params) is shaped exactly like tx.init(params), and every named dim of every
+  state leaf has the size that name has in the params (so no axis is misplaced)."""
+  state = jax.eval_shape(tx.init, params)
+  axes = tx.state_axes(params)
+  assert jax.tree.structure(axes, is_leaf=_is_spec) == jax.tree.structure(state)
+  sizes = {}
+  for shape, spec in zip(jax.tree.leaves(params), jax.tree.leaves(param_axes, is_leaf=_is_spec)):
+    for size, name in zip(shape.shape, spec):
+      assert sizes.setdefault(name, size) == size
+  for leaf, spec in zip(jax.tree.leaves(state), jax.tree.leaves(axes, is_leaf=_is_spec)):
+    assert _is_spec(spec) and len(spec) <= leaf.ndim, (leaf.shape, spec)
+    for size, name in zip(leaf.shape, spec):
+      assert name is None or sizes[name] == size, (leaf.shape, spec)
+  return axes
+
+
+@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_declared_state_axes_are_shaped_like_the_state(variant, scan):
+  config = tiny(scan_layers=scan)
+  params, param_axes = abstract_params(config), param_logical_axes(config)
+  tx = make_optimizer(VARIANTS[variant], param_axes)
+  axes = _assert_declares_its_state(tx, params, param_axes)
+  core = axes[1] if variant.startswith("adafactor") else axes[1][0]  # adamw: scale_by_adam
+  assert core.count == P()
+  # Frozen params (a family's trainable_mask): multi_transform's state, declared as well.
+  mask = jax.tree_util.tree_map_with_path(lambda path, _: "encoder" not in str(path), params)
+  _assert_declares_its_state(trainable_only(tx, mask), params, param_axes)
+
+
+def test_factored_statistics_declare_what_they_keep():
+  """Square kernels included: the optimizer knows which dim it reduced, the shape does not."""
+  axes = {"wi": P("embed", "mlp"), "wo": P("mlp", "embed"), "stack": P("layers", "embed", "mlp"),
+          "out": P("heads", "kv", "embed"), "scale": P("embed")}
+  params = {"wi": jnp.zeros((16, 16)), "wo": jnp.zeros((16, 16)), "stack": jnp.zeros((2, 16, 16)),
+            "out": jnp.zeros((4, 4, 16)), "scale": jnp.zeros((16,))}
+  tx = adafactor(0.01, axes, min_dim_size_to_factor=8, momentum=0.9)
+  state = _assert_declares_its_state(tx, params, axes)
+  assert state.v_row == {"wi": P("embed"), "wo": P("mlp"), "stack": P("layers", "embed"),
+                         "out": P("embed"), "scale": P()}
+  assert state.v_col == {"wi": P("mlp"), "wo": P("embed"), "stack": P("layers", "mlp"),
+                         "out": P("heads", "kv"), "scale": P()}
+  assert state.v == {"wi": P(), "wo": P(), "stack": P(), "out": P(), "scale": P("embed")}
+  assert state.m == axes
+  unfactored = adafactor(0.01, axes, factored=False).state_axes(params)
+  assert unfactored.v == axes and unfactored.v_row == dict.fromkeys(axes, P())
+  assert unfactored.m == dict.fromkeys(axes, P())  # no momentum: (1,) placeholders
+
+
+def test_optax_wrappers_declare_their_state():
+  """declared() covers optax's own states: injected hyperparameters, masks, counts."""
+  axes = {"w": P("embed", "mlp"), "b": P("mlp")}
+  params = {"w": jnp.zeros((4, 8)), "b": jnp.zeros((8,))}
+  injected = declared(optax.inject_hyperparams(optax.adamw)(learning_rate=0.1), axes)
+  state = _assert_declares_its_state(injected, params, axes)
+  assert state.hyperparams["learning_rate"] == P() and state.inner_state[0].mu == axes
+  masked = declared(optax.masked(optax.scale_by_adam(), {"w": True, "b": False}), axes)
+  state = _assert_declares_its_state(masked, params, axes)
+  assert state.inner_state.nu["w"] == P("embed", "mlp")
+  assert isinstance(state.inner_state.nu["b"], optax.MaskedNode)
 
 
 def test_rsqrt_schedule_matches_t5x():

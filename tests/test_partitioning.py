@@ -2,6 +2,7 @@
 shardings, and sharded forward passes that match the single-device one."""
 from __future__ import annotations
 
+import functools
 import re
 
 import flax.linen as nn
@@ -11,11 +12,13 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from conftest import jitted_apply, tiny
-from t5lite.models import abstract_params, init_params, make_model
-from t5lite.train.partitioning import (MeshConfig, activate, batch_sharding, global_batch,
-                                       init_sharded, logical_axis_rules, make_mesh,
-                                       param_shardings, state_shardings)
+from helpers import assert_trees_equal, jitted_apply, tiny
+from t5lite.models import abstract_params, init_params, make_model, param_logical_axes
+from t5lite.runtime.partitioning import (MeshConfig, activate, batch_sharding, global_batch,
+                                         logical_axis_rules, make_mesh, param_shardings,
+                                         state_shardings)
+from t5lite.train.optimizers import OptimizerConfig, make_optimizer
+from t5lite.train.schedules import ScheduleConfig
 
 # Every sharded dimension divides: 4 heads, mlp 64, vocab 128, d_model 32 over up to 8 devices.
 CONFIG = tiny(num_heads=4, d_ff=64, vocab_size=128)
@@ -31,6 +34,13 @@ def spec(tree, path: str) -> P:
   for key in path.split("/"):
     tree = tree[key]
   return getattr(tree, "sharding", tree).spec
+
+
+def init_sharded(config, mesh, rules, rng: int = 0):
+  """Params created in their shards: init_params under jit with out_shardings."""
+  init = jax.jit(functools.partial(init_params, config),
+                 out_shardings=param_shardings(config, mesh, rules))
+  return init(jax.random.key(rng))
 
 
 # --- meshes
@@ -122,7 +132,7 @@ def test_scanned_params_leave_layers_whole():
 def test_init_sharded_gives_init_params_values():
   params = init_sharded(CONFIG, mesh_of((2, 2, 2)), logical_axis_rules(fsdp=True), rng=3)
   expected = init_params(CONFIG, 3)
-  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(params), expected)
+  assert_trees_equal(params, expected)
 
 
 def test_uneven_parameter_split_names_the_parameter():
@@ -132,45 +142,81 @@ def test_uneven_parameter_split_names_the_parameter():
 
 # --- optimizer state
 
-def test_state_shardings_follow_the_params():
-  mesh = mesh_of((2, 2, 2))
-  shardings = param_shardings(CONFIG, mesh, logical_axis_rules(fsdp=True))
-  shapes = abstract_params(CONFIG)
-  sds = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  state = {
-      "count": jax.ShapeDtypeStruct((), jnp.int32),
-      "mu": shapes,  # Adam-like: one leaf shaped like each param
-      # Adafactor-like: query kernel (embed 32, heads 4, kv 8) factored over embed and kv.
-      "v_row": {"encoder": {"layers_0": {"attention": {"query": {"kernel": sds((32, 4))}}}}},
-      "v_col": {"encoder": {"layers_0": {"attention": {"query": {"kernel": sds((4, 8))}}}}},
-      "v": {"encoder": {"encoder_norm": {"scale": sds((1,))}}},  # placeholder of a factored param
-      "other": sds((7, 3)),
-  }
-  query = "encoder/layers_0/attention/query/kernel"
-  out = state_shardings(state, shardings, shapes)
-  assert out["count"].spec == P()
-  assert spec(out["mu"], query) == P("fsdp", "tensor", None)
-  assert spec(out["mu"], "token_embedder/embedding") == P("tensor", "fsdp")
-  assert spec(out["v_row"], query) == P("fsdp", "tensor")
-  assert spec(out["v_col"], query) == P("tensor", None)
-  assert spec(out["v"], "encoder/encoder_norm/scale") == P(None)  # 'fsdp' does not divide 1
-  assert out["other"].spec == P()
-  # Without param shapes a factored leaf keeps only what every reducible dimension agrees on.
-  assert spec(state_shardings(state, shardings)["v_row"], query) == P(None, None)
+def _sharded_optimizer(config, opt: OptimizerConfig, sizes=(2, 2, 2)):
+  """(optimizer, abstract params, param shardings, state shardings) on an FSDP + tensor mesh."""
+  mesh, rules = mesh_of(sizes), logical_axis_rules(fsdp=True)
+  tx = make_optimizer(opt, param_logical_axes(config))
+  params = abstract_params(config)
+  state = jax.eval_shape(tx.init, params)
+  return (tx, params, param_shardings(config, mesh, rules),
+          state_shardings(state, tx.state_axes(params), mesh, rules))
 
 
-def test_state_shardings_on_optax_adafactor():
-  import optax  # a core dependency
-  mesh = mesh_of((2, 2, 2))
-  shardings = param_shardings(CONFIG, mesh, logical_axis_rules(fsdp=True))
-  shapes = abstract_params(CONFIG)
-  state = jax.eval_shape(optax.adafactor(1e-2, min_dim_size_to_factor=8).init, shapes)
-  out = state_shardings(state, shardings, shapes)
-  # Every sharding divides its leaf, so the whole state can be jitted with these out_shardings.
-  for leaf, sharding in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(out)):
-    assert sharding.shard_shape(leaf.shape) is not None
-  wo = out[0].v_row["encoder"]["layers_0"]["mlp"]["wo"]["kernel"]  # (mlp 64, embed 32) -> (32,)
-  assert wo.spec == P("fsdp")
+@pytest.mark.parametrize("scan", [False, True])
+def test_adafactor_state_is_sharded_as_declared_and_updates(scan):
+  config = CONFIG.replace(scan_layers=scan)
+  opt = OptimizerConfig(schedule=ScheduleConfig("constant", 0.01, 0), min_dim_size_to_factor=8,
+                        momentum=0.9, global_norm_clip=1.0)
+  tx, params, p_shardings, s_shardings = _sharded_optimizer(config, opt)
+  core = s_shardings[1]
+  layer = "encoder/layers" if scan else "encoder/layers_0"
+  lead = (None,) if scan else ()  # the 'layers' axis of a stack stays whole
+  query, wo = f"{layer}/attention/query/kernel", f"{layer}/mlp/wo/kernel"
+  norm = f"{layer}/pre_mlp_layer_norm/scale"
+  # query (embed, heads, kv) factors into embed rows and (heads, kv) columns.
+  assert spec(core.v_row, query) == P(*lead, "fsdp")
+  assert spec(core.v_col, query) == P(*lead, "tensor", None)
+  # wo (mlp, embed), rank 2: T5X's heuristic takes the first dim as the rows.
+  assert spec(core.v_row, wo) == P(*lead, "tensor")
+  assert spec(core.v_col, wo) == P(*lead, "fsdp")
+  assert spec(core.v, query) == P() and spec(core.v_row, norm) == P()  # placeholders
+  assert spec(core.v, norm) == P(*lead, "fsdp")  # a full second moment: the param's layout
+  assert spec(core.m, query) == spec(p_shardings, query)
+  assert core.count.spec == P()
+
+  # The state is born in these shardings and a jitted update keeps it there.
+  ones = jax.jit(lambda: jax.tree.map(lambda x: jnp.ones(x.shape, x.dtype), params),
+                 out_shardings=p_shardings)()
+  state = jax.jit(tx.init, out_shardings=s_shardings)(ones)
+  update = jax.jit(tx.update, out_shardings=(p_shardings, s_shardings))
+  updates, state = update(jax.tree.map(lambda x: 0.1 * x, ones), state, ones)
+  assert spec(state[1].v_col, query) == P(*lead, "tensor", None)
+  assert spec(updates, query) == spec(p_shardings, query)
+  assert int(state[1].count) == 1
+  assert all(np.isfinite(np.asarray(u)).all() for u in jax.tree.leaves(updates))
+
+
+def test_square_kernel_statistics_keep_their_sharding():
+  """A 32 x 32 wi / wo: the shapes cannot tell which dim was reduced, the declaration can."""
+  config = CONFIG.replace(d_ff=32)
+  _, _, _, s_shardings = _sharded_optimizer(config, OptimizerConfig(min_dim_size_to_factor=8))
+  core = s_shardings[1]
+  wi, wo = "decoder/layers_1/mlp/wi_0/kernel", "decoder/layers_1/mlp/wo/kernel"  # (embed, mlp)
+  assert spec(core.v_row, wi) == P("fsdp") and spec(core.v_col, wi) == P("tensor")
+  assert spec(core.v_row, wo) == P("tensor") and spec(core.v_col, wo) == P("fsdp")  # (mlp, embed)
+
+
+def test_adamw_moments_are_sharded_like_the_params():
+  _, _, p_shardings, s_shardings = _sharded_optimizer(CONFIG, OptimizerConfig("adamw"))
+  adam = s_shardings[1][0]  # chain(clip, adamw) -> adamw = chain(scale_by_adam, ...)
+  assert adam.count.spec == P()
+  param_specs = [s.spec for s in jax.tree.leaves(p_shardings)]
+  assert [s.spec for s in jax.tree.leaves(adam.mu)] == param_specs
+  assert [s.spec for s in jax.tree.leaves(adam.nu)] == param_specs
+
+
+def test_state_shardings_drop_splits_that_do_not_divide_and_check_the_declaration():
+  mesh, rules = mesh_of((2, 2, 2)), logical_axis_rules(fsdp=True)
+  sds = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+  state = {"count": sds(), "v": sds(3, 32), "w": sds(4, 1)}
+  axes = {"count": P(), "v": P("heads", "embed"), "w": P("heads", "embed")}
+  out = state_shardings(state, axes, mesh, rules)
+  assert out["count"].spec == P() and out["w"].spec == P("tensor", None)
+  assert out["v"].spec == P(None, "fsdp")  # 3 rows do not split over tensor=2
+  with pytest.raises(ValueError, match="not shaped like the optimizer state"):
+    state_shardings(state, {"count": P(), "v": P()}, mesh, rules)
+  with pytest.raises(ValueError, match=r"optimizer state v of shape \(3, 32\)"):
+    state_shardings(state, {**axes, "v": P("heads", "embed", "kv")}, mesh, rules)
 
 
 # --- batches

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from t5lite.data import cache, describe, pipeline
+from t5lite.data import converters as conv
 from t5lite.data import preprocessors as pp
 from t5lite.data.pretraining import span_corruption_preprocessors
 from t5lite.data.registry import (CACHE_POINT, Feature, MixtureRegistry, TaskRegistry,
@@ -57,7 +58,7 @@ def batches(name, n, *, process_index=0, process_count=1, state=None, pack=True,
             num_workers=0, **config):
   config = pipeline.PipelineConfig(**{"global_batch_size": 8, "task_feature_lengths": LENGTHS,
                                       **config})
-  it = pipeline.get_dataset(name, config, describe.converter_for("encoder_decoder", pack=pack),
+  it = pipeline.get_dataset(name, config, conv.EncDecFeatureConverter(pack=pack),
                             process_index=process_index, process_count=process_count,
                             num_workers=num_workers)
   if state is not None:
@@ -149,7 +150,8 @@ def test_packing_puts_several_examples_in_a_row():
   _, out = batches("test_pipe_copy", 2, seed=0, task_feature_lengths=long)
   segments = out[0]["encoder_segment_ids"]
   assert segments.max() >= 2  # short copy examples share rows
-  stats = describe.task_stats("test_pipe_copy", "train", long, max_examples=40)
+  stats = describe.task_stats("test_pipe_copy", "train", long,
+                              lambda pack: conv.EncDecFeatureConverter(pack=pack), max_examples=40)
   assert stats["packing_efficiency"] > stats["padding_efficiency"]
 
 
@@ -179,6 +181,7 @@ def test_bad_setups_are_explained():
     batches("test_pipe_sc", 0, seed=2, state=state)
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_batches_and_states():
   """Rows computed in 2 spawned workers: identical batches, and states that restore
   in-process (and vice versa) exactly where the consumer stopped, prefetch or not."""
@@ -292,10 +295,11 @@ def test_every_objective_chain_runs_through_the_pipeline(objective):
         assert ex["targets"][-1] == 1
     if objective == "prefix_lm":  # the halves are the piece: nothing lost
       assert all(len(ex["inputs"]) + len(ex["targets"]) == 31 + 2 for ex in examples[:20])
-    architecture = {"causal_lm": "decoder_only", "mlm": "encoder_only"}.get(
-        objective, "encoder_decoder")
+    converter = {"causal_lm": conv.DecoderOnlyFeatureConverter(),
+                 "mlm": conv.EncoderOnlyFeatureConverter()}.get(
+        objective, conv.EncDecFeatureConverter())
     config = pipeline.PipelineConfig(global_batch_size=2, task_feature_lengths=lengths)
-    batch = next(pipeline.get_dataset(name, config, describe.converter_for(architecture)))
+    batch = next(pipeline.get_dataset(name, config, converter))
     assert all(v.shape[0] == 2 for v in batch.values())
   finally:
     TaskRegistry.remove(name)

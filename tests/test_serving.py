@@ -16,14 +16,15 @@ import pytest
 import safetensors.numpy
 from flax import traverse_util
 
-from conftest import REPO, tiny
+from conftest import REPO
+from helpers import tiny
 from t5lite import cli
 from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
 from t5lite.export import serving, serving_loader
 from t5lite.export.params_only import cast_params, write_model_dir
 from t5lite.models import decoding
 from t5lite.models.params import init_params
-from t5lite.train.model_dir import load_params
+from t5lite.runtime.model_dir import load_params
 
 INPUT_LENGTH, MAX_DECODE_LENGTH = 16, 8
 CONFIG = tiny(vocab_size=512)  # above the vocabularies' 410 and 359 ids: padded rows get decoded
@@ -181,6 +182,7 @@ def test_loader_imports_no_t5lite():
   assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
 
 
+@pytest.mark.slow
 def test_fresh_process_ids_equal_live_model(fresh, live):
   assert fresh["t5lite_imported"] == []
   for kind, methods in (("sentencepiece", ("greedy", "beam")), ("byte", ("greedy",))):
@@ -193,6 +195,7 @@ def test_fresh_process_ids_equal_live_model(fresh, live):
   assert fresh["byte"]["greedy/batch3_wide"] == fresh["byte"]["greedy/batch3"]
 
 
+@pytest.mark.slow
 def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
   for kind, vocabulary in vocabularies.items():
     assert fresh[kind]["encoded"] == [vocabulary.encode(text).tolist() for text in TEXTS]
@@ -203,6 +206,7 @@ def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
   assert "<extra_id_3>" in fresh["sentencepiece"]["decoded"][1]  # sentinels decode as text
 
 
+@pytest.mark.slow
 def test_too_long_inputs_are_refused(fresh):
   for kind in ("sentencepiece", "byte"):
     for error in fresh[kind]["errors"]:
@@ -210,6 +214,7 @@ def test_too_long_inputs_are_refused(fresh):
   assert "17 tokens" in fresh["sentencepiece"]["errors"][0]
 
 
+@pytest.mark.slow
 def test_loader_command_line(artifacts, live, vocabularies):
   artifact = artifacts["sentencepiece"][1]
   texts = [arg for text in TEXTS for arg in ("--text", text)]

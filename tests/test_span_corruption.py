@@ -1,4 +1,5 @@
-"""T5 span corruption and its chunk/concat/split helpers agree with the reference (REFERENCE §1)."""
+"""T5 span corruption and its chunk/concat/split helpers agree with T5's own
+(t5.data.preprocessors.span_corruption)."""
 from __future__ import annotations
 
 import collections

@@ -14,12 +14,12 @@ import tensorstore as ts
 from flax import serialization, traverse_util
 
 import t5lite
-from conftest import tiny
+from helpers import assert_trees_equal, tiny
 from t5lite import cli
 from t5lite.data.vocabularies import train_sentencepiece
 from t5lite.export import t5x, t5x_files
 from t5lite.models.params import init_params
-from t5lite.train import model_dir
+from t5lite.runtime import model_dir
 
 V10 = tiny(mlp_activation="relu", tie_output_embedding=True, scale_logits=True)  # T5 v1.0
 V11 = tiny()  # T5 v1.1: gated-gelu, untied
@@ -179,19 +179,11 @@ def spm_file(tmp_path_factory) -> str:
   return str(path)
 
 
-def _assert_bitwise(a, b):
-  fa, fb = traverse_util.flatten_dict(a), traverse_util.flatten_dict(b)
-  assert set(fa) == set(fb)
-  for k in fa:
-    x, y = np.asarray(fa[k]), np.asarray(fb[k])
-    assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), k
-
-
 def _assert_imported(out: str, config, params, step: int):
   assert model_dir.load_model_config(out) == config  # every field inferred right
   loaded_config, loaded, loaded_step = model_dir.load_params(out)
   assert loaded_step == step
-  _assert_bitwise(loaded, params)
+  assert_trees_equal(loaded, params)
   enc = np.array([[5, 9, 17, 3, 1, 0]], np.int32)
   dec = np.array([[0, 7, 11, 2]], np.int32)
   np.testing.assert_array_equal(t5lite.logits(loaded_config, loaded, enc, dec),
@@ -241,9 +233,9 @@ def test_step_folder_and_step_flag(tmp_path):
   write_msgpack_checkpoint(os.path.join(t5x_dir, "checkpoint_10"), old, 10)
   write_msgpack_checkpoint(os.path.join(t5x_dir, "checkpoint_20"), target, 20)
   _, newest = t5x.load_t5x(t5x_dir)
-  _assert_bitwise(newest, params)
+  assert_trees_equal(newest, params)
   _, folder = t5x.load_t5x(os.path.join(t5x_dir, "checkpoint_20"))
-  _assert_bitwise(folder, params)
+  assert_trees_equal(folder, params)
   config, older = t5x.load_t5x(t5x_dir, step=10)
   np.testing.assert_array_equal(older["token_embedder"]["embedding"],
                                 params["token_embedder"]["embedding"] + 1)
@@ -286,7 +278,7 @@ def test_scalable_t5_layouts(scan, relpos, tmp_path):
   write_msgpack_checkpoint(ckpt, _scalable_target(V11, params, scan, relpos), 5)
   config, imported = t5x.load_t5x(ckpt, scan_layers=False)
   assert config == V11
-  _assert_bitwise(imported, params)
+  assert_trees_equal(imported, params)
 
 
 @pytest.mark.parametrize("scan, relpos", SCALABLE_NAMINGS[:1] + SCALABLE_NAMINGS[2:],
@@ -315,7 +307,8 @@ def good_checkpoint(tmp_path):
 
 
 def _import_error(t5x_dir, tmp_path, capsys) -> str:
-  assert cli.main(["import", "t5x", "--from", t5x_dir, "--out", str(tmp_path / "out")]) == 1
+  """A checkpoint that cannot be imported is a setup error: exit 2 and one message."""
+  assert cli.main(["import", "t5x", "--from", t5x_dir, "--out", str(tmp_path / "out")]) == 2
   assert not os.path.exists(tmp_path / "out" / "checkpoints")
   return capsys.readouterr().err
 

@@ -12,16 +12,14 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 
 from conftest import REPO
+from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE
-from t5lite.train import checkpoints as ckpt_lib
-from t5lite.train.model_dir import load_model_config
-from t5lite.train.trainer import Trainer, TrainConfig
+from t5lite.runtime import checkpoints as ckpt_lib
 
 STEPS = 120  # enough that a subprocess is still training when the test interrupts it
 RUN_GIN = f"""
@@ -42,26 +40,6 @@ ScheduleConfig.value = 0.1
 """
 
 
-def losses(model_dir) -> dict[int, float]:
-  """step -> loss, a re-run step keeping its last record."""
-  out = {}
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get("loss") is not None:
-        out[record["step"]] = record["loss"]
-  return out
-
-
-def params_of(model_dir):
-  model_config = load_model_config(model_dir)
-  trainer = Trainer(model_config, TrainConfig(model_dir=str(model_dir), train_steps=1,
-                                              batch_size=8, mixture_or_task_name="train_test_sc",
-                                              task_feature_lengths={"inputs": 64}))
-  params, step = ckpt_lib.restore_params(model_dir, trainer.abstract_params)
-  return jax.device_get(params), step
-
-
 def train_argv(gin_file, model_dir, *more):
   return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
 
@@ -79,7 +57,7 @@ def wait_for_step(process, model_dir, step, timeout=240):
   deadline = time.time() + timeout
   path = os.path.join(model_dir, "metrics.jsonl")
   while time.time() < deadline:
-    if os.path.exists(path) and max(losses(model_dir), default=0) >= step:
+    if os.path.exists(path) and max(logged_losses(model_dir), default=0) >= step:
       assert process.poll() is None, "the run ended before the test could interrupt it"
       return
     if process.poll() is not None:
@@ -105,34 +83,36 @@ def reference(gin_file, tmp_path_factory):
   return model_dir
 
 
+@pytest.mark.slow
 def test_reference_run_writes_a_self_describing_model_dir(reference):
   names = set(os.listdir(reference))
   assert {"checkpoints", "metrics.jsonl", "model_config.json", "vocabulary.json", "config.gin",
           "tensorboard"} <= names
   assert f"TRAIN_STEPS = {STEPS}" in (reference / "config.gin").read_text()
-  steps = losses(reference)
+  steps = logged_losses(reference)
   assert sorted(steps) == list(range(1, STEPS + 1))
   assert np.mean([steps[s] for s in range(STEPS - 9, STEPS + 1)]) < np.mean(
       [steps[s] for s in range(1, 11)])
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_restart_equals_the_uninterrupted_run(gin_file, reference,
                                                                    tmp_path):
   process = spawn(gin_file, tmp_path)
   wait_for_step(process, tmp_path, 30)  # past the checkpoint at 25
   process.send_signal(signal.SIGKILL)
   assert process.wait() == -signal.SIGKILL
-  killed_at = max(losses(tmp_path))
+  killed_at = max(logged_losses(tmp_path))
   assert killed_at < STEPS
   assert cli.main(train_argv(gin_file, tmp_path)) == 0  # resumes from the last commit
-  assert losses(tmp_path) == losses(reference)  # every step, bitwise
-  resumed, step = params_of(tmp_path)
-  expected, _ = params_of(reference)
+  assert logged_losses(tmp_path) == logged_losses(reference)  # every step, bitwise
+  _, resumed, step = checkpoint_params(tmp_path)
+  _, expected, _ = checkpoint_params(reference)
   assert step == STEPS
-  for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(expected)):
-    assert np.array_equal(a, b)
+  assert_trees_equal(resumed, expected)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_with_the_preempted_code(gin_file, reference, tmp_path):
   process = spawn(gin_file, tmp_path)
   wait_for_step(process, tmp_path, 7)
@@ -143,11 +123,12 @@ def test_sigterm_saves_and_exits_with_the_preempted_code(gin_file, reference, tm
            if "preempted (SIGTERM): saved checkpoint" in line]
   assert len(saved) == 1 and 7 <= saved[0] < STEPS
   assert saved[0] in ckpt_lib.Checkpointer(tmp_path, read_only=True).all_steps()
-  assert max(losses(tmp_path)) == saved[0]  # it stopped right after saving
+  assert max(logged_losses(tmp_path)) == saved[0]  # it stopped right after saving
   assert cli.main(train_argv(gin_file, tmp_path)) == 0
-  assert losses(tmp_path) == losses(reference)
+  assert logged_losses(tmp_path) == logged_losses(reference)
 
 
+@pytest.mark.slow
 def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, reference, tmp_path):
   """SIGTERM while the process starts (imports, restore, compiling): the CLI's flag is up
   before the runtime starts, so the run stops before its first step, saves nothing (the
@@ -166,9 +147,10 @@ def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, referenc
   assert "preempted (SIGTERM) before the first step, at step 100" in out
   assert ckpt_lib.Checkpointer(model_dir, read_only=True).all_steps() == [75, 100]
   assert cli.main(train_argv(gin_file, model_dir, "--gin.TRAIN_STEPS=102")) == 0
-  assert losses(model_dir) == {s: losses(reference)[s] for s in (101, 102)}
+  assert logged_losses(model_dir) == {s: logged_losses(reference)[s] for s in (101, 102)}
 
 
+@pytest.mark.slow
 def test_demo_run_configs_train_end_to_end(tmp_path, capsys):
   """gin/runs/demo.gin and demo_finetune.gin, a few steps each, on the embedded data."""
   pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"

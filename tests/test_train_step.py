@@ -10,12 +10,13 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import tiny
+from helpers import assert_trees_close, assert_trees_equal, tiny
+from t5lite.families import family_of
 from t5lite.models import init_params, param_logical_axes
 from t5lite.models.params import scan_params, unscan_params
 from t5lite.train.optimizers import OptimizerConfig, make_optimizer
 from t5lite.train.schedules import ScheduleConfig
-from t5lite.train.step import StepConfig, make_train_step, train_step
+from t5lite.train.step import StepConfig, new_window, train_step, windowed_train_step
 from t5lite.train.train_state import TrainState
 
 BATCH, INPUT_LEN, TARGET_LEN = 8, 12, 8
@@ -46,20 +47,16 @@ def _params():
 
 
 @functools.lru_cache(maxsize=None)
-def _step_fn(config, optimizer, step_config):
-  """Jitted train_step without donation, so tests may reuse their input states."""
-  return jax.jit(functools.partial(train_step, model_config=config, optimizer=optimizer,
-                                   step_config=step_config))
-
-
-def _leaves_equal(a, b):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+def _step_fn(config, optimizer, step_config, donate: bool = False):
+  """Jitted train_step (donating its state or not: then tests may reuse their input states)."""
+  family = family_of(config, step_config.loss_options())
+  return jax.jit(functools.partial(train_step, family=family, optimizer=optimizer,
+                                   step_config=step_config), donate_argnums=0 if donate else ())
 
 
 def test_loss_decreases_and_donating_step():
   step_config = StepConfig(nonfinite="skip")
-  step = make_train_step(CONFIG, ADAMW, step_config)
+  step = _step_fn(CONFIG, ADAMW, step_config, donate=True)
   # A copy: the step donates (deletes) its input state, and _params() is shared by other tests.
   state = TrainState.create(jax.tree.map(jnp.copy, _params()), ADAMW)
   batch = _batch()
@@ -89,8 +86,7 @@ def test_microbatches_equal_one_batch(normalizer):
     new_state, metrics = results[m]
     for key in ("loss", "z_loss", "weight_sum", "accuracy", "grad_norm"):
       np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, err_msg=key)
-    for x, y in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(ref_state.params)):
-      np.testing.assert_allclose(x, y, atol=1e-5)
+    assert_trees_close(new_state.params, ref_state.params, rtol=1e-7, atol=1e-5)
   # Averaging per-microbatch means would differ: the test batch is uneven enough to tell.
   assert float(ref_metrics["grad_norm"]) > 0
 
@@ -98,7 +94,7 @@ def test_microbatches_equal_one_batch(normalizer):
 def test_nonfinite_skip_keeps_state_bitwise():
   # The donating step of the first test (same program, so a compilation cache hit): inputs
   # are donated, hence the copies kept for comparing.
-  step = make_train_step(CONFIG, ADAMW, StepConfig(nonfinite="skip"))
+  step = _step_fn(CONFIG, ADAMW, StepConfig(nonfinite="skip"), donate=True)
   state, _ = step(TrainState.create(jax.tree.map(jnp.copy, _params()), ADAMW), _batch())
   before = jax.tree.map(np.array, state)  # a non-trivial opt_state
   bad = dict(_batch(1))
@@ -106,9 +102,39 @@ def test_nonfinite_skip_keeps_state_bitwise():
   bad["decoder_loss_weights"] = bad["decoder_loss_weights"].at[3, 0].set(jnp.inf)
   new_state, metrics = step(state, bad)
   assert bool(metrics["nonfinite"])
-  _leaves_equal(new_state.params, before.params)
-  _leaves_equal(new_state.opt_state, before.opt_state)
+  assert_trees_equal(new_state.params, before.params)
+  assert_trees_equal(new_state.opt_state, before.opt_state)
   assert int(new_state.step) == int(before.step) + 1  # 'skip' counts the step
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_window_freezes_the_state_after_a_nonfinite_step_in_stop_mode(mode):
+  """A window counts the steps, averages the finite losses and names the first non-finite
+  step; with 'stop' nothing is applied from that step on, whatever comes after."""
+  step_config = StepConfig(nonfinite=mode)
+  family = family_of(CONFIG, step_config.loss_options())
+  step = jax.jit(functools.partial(windowed_train_step, family=family, optimizer=ADAMW,
+                                   step_config=step_config))
+  state, window = TrainState.create(_params(), ADAMW), jax.device_put(new_window())
+  state, window, first = step(state, window, _batch())
+  before = jax.tree.map(np.array, state)
+  bad = dict(_batch(1))
+  bad["decoder_loss_weights"] = bad["decoder_loss_weights"].at[3, 0].set(jnp.inf)
+  state, window, metrics = step(state, window, bad)  # step 2: non-finite
+  assert bool(metrics["nonfinite"])
+  state, window, later = step(state, window, _batch(2))  # step 3: finite again
+  assert not bool(later["nonfinite"])
+  window = jax.device_get(window)
+  assert int(window["steps"]) == 3 and int(window["first_nonfinite"]) == 2
+  assert int(window["nonfinite_steps"]) == 1 and int(window["finite_steps"]) == 2
+  np.testing.assert_allclose(window["loss_sum"], float(first["loss"]) + float(later["loss"]),
+                             rtol=1e-6)
+  if mode == "stop":  # frozen: exactly the state after step 1, the counter at 1
+    assert_trees_equal(state, before)
+  else:  # the bad update dropped, step 3 applied, every step counted
+    assert int(state.step) == 3
+    assert any(not np.array_equal(x, y) for x, y in
+               zip(jax.tree.leaves(state.params), jax.tree.leaves(before.params)))
 
 
 def test_dropout_rng_is_reproducible_and_per_step():
@@ -118,7 +144,7 @@ def test_dropout_rng_is_reproducible_and_per_step():
   batch = _batch()
   first = step(state, batch)
   second = step(state, batch)
-  _leaves_equal(first, second)
+  assert_trees_equal(first, second)
   later, later_metrics = step(state.replace(step=jnp.asarray(7, jnp.int32)), batch)
   assert float(later_metrics["loss"]) != float(first[1]["loss"])
 

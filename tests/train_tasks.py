@@ -7,11 +7,19 @@ PYTHONPATH), so the trainer runs exactly as a user's `t5lite train` would.
   train_test_sc_scored  the same with a metric, for inference evals (sequence accuracy of the
                         decoded targets)
   train_test_copy       a text -> the same text (train, validation)
+  train_test_lm         causal LM over the same documents: `targets` pieces, no EOS
+                        (decoder-only models)
+  train_test_prefix_lm  prefix LM: each piece split into inputs and targets, EOS on both
+                        (decoder-only models with prefix_lm)
+  train_test_mlm        BERT MLM, <extra_id_0> as the mask (encoder-only models)
+
+Their model configs are in helpers.py (tiny, tiny_decoder_only, tiny_encoder_only).
 """
 import numpy as np
 
 from t5lite.data import preprocessors as pp
-from t5lite.data.pretraining import span_corruption_preprocessors
+from t5lite.data.pretraining import (causal_lm_preprocessors, mlm_preprocessors,
+                                     prefix_lm_preprocessors, span_corruption_preprocessors)
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
 from t5lite.data.sources import FunctionSource
 from t5lite.data.vocabularies import ByteVocabulary
@@ -48,11 +56,11 @@ if "train_test_sc" not in TaskRegistry.names():
   add_task("train_test_copy", SOURCES, FEATURES,
            [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, CACHE_POINT,
             pp.append_eos_after_trim])
+  add_task("train_test_lm", SOURCES, {"targets": Feature(VOCAB, add_eos=False)},
+           [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, *causal_lm_preprocessors()])
+  add_task("train_test_prefix_lm", SOURCES, FEATURES,
+           [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, *prefix_lm_preprocessors()])
+  add_task("train_test_mlm", SOURCES, FEATURES,
+           [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
+            *mlm_preprocessors(mask_id=VOCAB.extra_id(0))])
 
-
-def tiny_decoder_only():
-  """A tiny causal LM over these tasks' byte vocabulary."""
-  from t5lite.models import ModelConfig
-  return ModelConfig(architecture="decoder_only", vocab_size=384, d_model=32, d_ff=64,
-                     num_heads=4, d_kv=8, num_encoder_layers=0, num_decoder_layers=2,
-                     position_encoding="rope", mlp_activation="swiglu")

@@ -71,7 +71,7 @@ def model_from_t5lite(config: ModelConfig, params, device: str = "cpu"):
     model = transformers.T5ForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
   if not config.tie_output_embedding and (
       model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr()):
-    # transformers 5.x may tie on load (REFERENCE §4): give lm_head its own tensor.
+    # transformers 5.x may tie on load (see export/hf.py): give lm_head its own tensor.
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
   return model.to(device).train()
 

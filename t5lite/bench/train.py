@@ -77,30 +77,34 @@ def model_config(name: str, dtype: str = "float32", vocab_size: int | None = Non
 
 
 class T5liteSide:
-  """t5lite's train_step, compiled ahead of time, donating its state."""
+  """The trainer's step (windowed_train_step: the update plus the on-device metrics window),
+  compiled ahead of time, donating its state."""
 
   def __init__(self, config, params, optimizer_config, batches):
     import jax
-    from t5lite.models import param_logical_axes
+    from t5lite.families import family_of
     from t5lite.train.optimizers import make_optimizer
-    from t5lite.train.step import StepConfig, train_step
+    from t5lite.train.step import StepConfig, new_window, windowed_train_step
     from t5lite.train.train_state import TrainState
     self.jax = jax
-    optimizer = make_optimizer(optimizer_config, param_logical_axes(config))
+    step_config = StepConfig(z_loss=0.0)  # HF's loss has no z-loss
+    family = family_of(config, step_config.loss_options())
+    optimizer = make_optimizer(optimizer_config, family.param_logical_axes())
     self.batches = [jax.device_put({k: np.asarray(v, np.int32) for k, v in b.items()})
                     for b in batches]
     self.state = jax.jit(TrainState.create, static_argnums=1)(params, optimizer)
-    step_config = StepConfig(z_loss=0.0)  # HF's loss has no z-loss
-    fn = functools.partial(train_step, model_config=config, optimizer=optimizer,
+    self.window = jax.device_put(new_window())
+    fn = functools.partial(windowed_train_step, family=family, optimizer=optimizer,
                            step_config=step_config)
     start = time.perf_counter()
-    self.compiled = jax.jit(fn, donate_argnums=0).lower(self.state, self.batches[0]).compile()
+    self.compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(
+        self.state, self.window, self.batches[0]).compile()
     self.compile_s = time.perf_counter() - start
 
   def run(self, batches=None) -> list:
     losses = []
     for batch in batches or self.batches:
-      self.state, metrics = self.compiled(self.state, batch)
+      self.state, self.window, metrics = self.compiled(self.state, self.window, batch)
       losses.append(metrics["loss"])
     self.jax.block_until_ready((self.state, losses))
     return [float(x) for x in losses]
@@ -144,6 +148,7 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
   """
   import jax
   from t5lite.models import count_params, init_params
+  from t5lite.families import family_of
   from t5lite.train import cost_model
   from t5lite.train.optimizers import OptimizerConfig
   from t5lite.train.schedules import ScheduleConfig
@@ -219,7 +224,8 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
   rate = {name: tokens_per_run / _median(wall[name]) for name in sides}
   steps_run = {"t5lite": len(t5lite_batches), "hf": len(hf_batches)}
   peak = cost_model.peak_flops(jax.devices()[0].device_kind)
-  flops_per_step = cost_model.flops_per_sequence(config, *lengths) * batch_size
+  flops_per_step = family_of(config).flops_per_example(
+      {k: v.shape[1] for k, v in t5lite_batches[0].items()}) * batch_size
   mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
   report = {
       "bench": "train",

@@ -49,13 +49,13 @@ def finetune_batches(batch_size: int, lengths: tuple[int, int], steps: int, seed
   loss equals t5lite's first loss when both models are the same.
   """
   import t5lite_tasks  # noqa: F401 (registers the embedded tasks; builds the vocab once)
-  from t5lite.data.describe import converter_for
+  from t5lite.data.converters import EncDecFeatureConverter
   from t5lite.data.pipeline import PipelineConfig, get_dataset
   from t5lite.data.registry import TaskRegistry
   task = TaskRegistry.get(FINETUNE_TASK)
   config = PipelineConfig(global_batch_size=batch_size, seed=seed,
                           task_feature_lengths={"inputs": lengths[0], "targets": lengths[1]})
-  iterator = get_dataset(FINETUNE_TASK, config, converter_for("encoder_decoder"))
+  iterator = get_dataset(FINETUNE_TASK, config, EncDecFeatureConverter(pack=True))
   packed = [next(iterator) for _ in range(steps)]
   examples = [ex for batch in packed for ex in unpack(batch)]
   order = np.random.default_rng(seed).permutation(len(examples))  # HF's DataLoader shuffles

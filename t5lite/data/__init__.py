@@ -4,7 +4,8 @@ feature converters with packing, and deterministic, resumable, topology-independ
 Stable API: span_corruption(tokens, *, seed, vocab_size, ...) and span_corruption_lengths().
 Modules: vocabularies, sources (+ tfds_source, tfrecord), preprocessors, corruption (T5 span
 corruption), objectives (MLM, prefix LM, text infilling), pretraining (objective chains),
-registry (Task, Mixture), converters (packing), pipeline (batches), cache, describe.
+registry (Task, Mixture), converters (packing), rows (each batch row's stream), pipeline
+(batches; workers computes rows in worker processes), cache, describe.
 """
 from t5lite.data.corruption import span_corruption, span_corruption_lengths
 from t5lite.data.pipeline import PipelineConfig, get_dataset

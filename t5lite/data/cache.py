@@ -15,8 +15,9 @@ import grain
 from array_record.python import array_record_data_source, array_record_module
 from flax import serialization
 
-from t5lite.data.pipeline import apply_preprocessors, derive_seed
+from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 CACHE_ENV = "T5LITE_CACHE_DIR"
 
@@ -34,10 +35,10 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
                num_workers: int = 1) -> dict:
   """Writes this worker's shard; returns its info ({'examples': n, ...})."""
   if task.cache_index is None:
-    raise ValueError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
-                     "there is nothing to cache")
+    raise ConfigError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
+                      "there is nothing to cache")
   if not 0 <= worker_index < num_workers:
-    raise ValueError(f"worker_index {worker_index} is not in [0, {num_workers})")
+    raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
   out_dir = task_cache_dir(task, split, cache_dir)
   os.makedirs(out_dir, exist_ok=True)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
@@ -96,20 +97,22 @@ class CachedSource:
 def cached_source(task: Task, split: str, cache_dir: str | None = None) -> CachedSource:
   """The cache of a task split; a clear error when it is missing or unfinished."""
   if task.cache_index is None:
-    raise ValueError(f"USE_CACHED_TASKS is on but task {task.name!r} has no CACHE_POINT")
+    raise ConfigError(f"USE_CACHED_TASKS is on but task {task.name!r} has no CACHE_POINT")
   directory = task_cache_dir(task, split, cache_dir)
   infos = sorted(glob.glob(os.path.join(directory, "shard-*.json")))
   how = f"run `t5lite cache {task.name} --split {split}` (or turn USE_CACHED_TASKS off)"
   if not infos:
-    raise FileNotFoundError(f"no cache for task {task.name!r} split {split!r} in {directory}: {how}")
+    raise ConfigFileNotFoundError(
+        f"no cache for task {task.name!r} split {split!r} in {directory}: {how}")
   counts = sorted({int(os.path.basename(p).split("-of-")[1].split(".")[0]) for p in infos})
   if len(counts) > 1:
-    raise FileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} mixes shards "
-                            f"of runs with --num_workers {counts}: delete the directory, then {how}")
+    raise ConfigFileNotFoundError(
+        f"cache of {task.name!r} split {split!r} in {directory} mixes shards of runs with "
+        f"--num_workers {counts}: delete the directory, then {how}")
   expected = counts[0]
   if len(infos) != expected:
-    raise FileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} has "
-                            f"{len(infos)} of {expected} finished shards: {how}")
+    raise ConfigFileNotFoundError(f"cache of {task.name!r} split {split!r} in {directory} has "
+                                  f"{len(infos)} of {expected} finished shards: {how}")
   meta = []
   for path in infos:
     with open(path) as f:

@@ -34,6 +34,7 @@ import grain
 import numpy as np
 
 from t5lite.data import packing
+from t5lite.errors import ConfigError, ConfigKeyError
 
 Example = Mapping[str, Any]
 
@@ -91,7 +92,7 @@ class FeatureConverter(abc.ABC):
 
   def __post_init__(self):
     if self.num_packing_bins < 1:
-      raise ValueError(f"{self._name}: num_packing_bins must be >= 1, got {self.num_packing_bins}")
+      raise ConfigError(f"{self._name}: num_packing_bins must be >= 1, got {self.num_packing_bins}")
 
   @property
   def _name(self) -> str:
@@ -121,12 +122,12 @@ class FeatureConverter(abc.ABC):
     lengths = {}
     for key in self._required():
       if key not in task_feature_lengths:
-        raise ValueError(f"{self._name}: task_feature_lengths has no {key!r} "
-                         f"(got {dict(task_feature_lengths)})")
+        raise ConfigError(f"{self._name}: task_feature_lengths has no {key!r} "
+                          f"(got {dict(task_feature_lengths)})")
       length = task_feature_lengths[key]
       if isinstance(length, bool) or int(length) != length or length <= 0:
-        raise ValueError(f"{self._name}: task_feature_lengths[{key!r}] must be a positive "
-                         f"integer, got {length!r}")
+        raise ConfigError(f"{self._name}: task_feature_lengths[{key!r}] must be a positive "
+                          f"integer, got {length!r}")
       lengths[key] = int(length)
     return lengths
 
@@ -136,15 +137,15 @@ class FeatureConverter(abc.ABC):
     try:
       value = example[key]
     except KeyError:
-      raise KeyError(f"{self._name}: example has no {key!r} feature "
-                     f"(keys: {sorted(example)})") from None
+      raise ConfigKeyError(f"{self._name}: example has no {key!r} feature "
+                           f"(keys: {sorted(example)})") from None
     if type(value) is np.ndarray and value.ndim == 1 and value.dtype.kind in "iu":
       return value[:length]  # the usual case, checked cheaply
     value = np.asarray(value)
     # Float 0/1 weights are accepted; fractional values would be silently changed by int32.
     if value.ndim != 1 or value.dtype.kind not in "biuf" or np.any(value != np.round(value)):
-      raise ValueError(f"{self._name}: feature {key!r} must be a 1-D array of integers, "
-                       f"got shape {value.shape} dtype {value.dtype}")
+      raise ConfigError(f"{self._name}: feature {key!r} must be a 1-D array of integers, "
+                        f"got shape {value.shape} dtype {value.dtype}")
     return value[:length].astype(np.int32)
 
   def model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:

@@ -1,10 +1,11 @@
 """T5 span corruption, exactly as the reference C4 task does it, in pure numpy.
 
-The reference pipeline (REFERENCE.md §1) is: select_random_chunk -> concat_and_split (T5's
-reduce_concat_tokens + split_tokens, into pieces of `span_corruption_lengths(512)[0]` = 568 tokens)
--> span_corruption per piece (or span_corruption_batch over equal-length pieces, same result)
--> append EOS. Every random choice comes from `np.random.default_rng(seed)` with a per-example
-seed, so each example is stateless and reproducible, whatever order or process computes it.
+T5's pipeline (t5.data.preprocessors.span_corruption) is: select_random_chunk ->
+concat_and_split (T5's reduce_concat_tokens + split_tokens, into pieces of
+`span_corruption_lengths(512)[0]` = 568 tokens) -> span_corruption per piece (or
+span_corruption_batch over equal-length pieces, same result) -> append EOS. Every random
+choice comes from `np.random.default_rng(seed)` with a per-example seed, so each example is
+stateless and reproducible, whatever order or process computes it.
 """
 from __future__ import annotations
 

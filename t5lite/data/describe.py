@@ -5,25 +5,15 @@ Backs `t5lite tasks list | show NAME -n 3 | stats NAME`.
 from __future__ import annotations
 
 import itertools
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grain
 import numpy as np
 
 from t5lite.data import converters as conv
-from t5lite.data.pipeline import PipelineConfig, task_row_dataset
 from t5lite.data.registry import MixtureRegistry, Task, TaskRegistry, get_mixture_or_task
-
-
-def converter_for(architecture: str, *, pack: bool = True, prefix_lm: bool = False):
-  """The feature converter a model family trains on."""
-  if architecture == "encoder_decoder":
-    return conv.EncDecFeatureConverter(pack=pack)
-  if architecture == "decoder_only":
-    return conv.DecoderOnlyFeatureConverter(pack=pack, prefix_lm=prefix_lm)
-  if architecture == "encoder_only":
-    return conv.EncoderOnlyFeatureConverter(pack=pack)
-  raise ValueError(f"no feature converter for architecture {architecture!r}")
+from t5lite.data.rows import PipelineConfig, task_row_dataset
+from t5lite.errors import ConfigError
 
 
 def list_tasks() -> str:
@@ -72,10 +62,12 @@ def show_task(name: str, split: str, lengths: Mapping[str, int], n: int = 3) -> 
   return "\n".join(out)
 
 
-def task_stats(name: str, split: str, lengths: Mapping[str, int], max_examples: int = 1000,
-               architecture: str = "encoder_decoder") -> dict:
+def task_stats(name: str, split: str, lengths: Mapping[str, int],
+               converter: Callable[[bool], conv.FeatureConverter], max_examples: int = 1000
+               ) -> dict:
   """Token counts per feature over up to max_examples preprocessed examples, and the
-  packing efficiency (non-pad fraction) of those examples packed for `architecture`."""
+  non-pad fraction of those examples converted by converter(pack) unpacked and packed
+  (a model family's converter, e.g. family_of(config).converter)."""
   task = _as_task(name)
   examples = preprocessed_examples(task, split, lengths, max_examples)
   stats: dict = {"task": task.name, "split": split, "examples": len(examples)}
@@ -86,8 +78,7 @@ def task_stats(name: str, split: str, lengths: Mapping[str, int], max_examples: 
                         "max": int(sizes.max()), "over_length": int((sizes > lengths.get(
                             feature, np.inf)).sum())}
   for pack in (False, True):
-    rows = converter_for(architecture, pack=pack)(grain.MapDataset.source(examples)
-                                                   .to_iter_dataset(), lengths)
+    rows = converter(pack)(grain.MapDataset.source(examples).to_iter_dataset(), lengths)
     stats["packing_efficiency" if pack else "padding_efficiency"] = round(
         conv.packing_efficiency(rows), 4)
   return stats
@@ -96,6 +87,6 @@ def task_stats(name: str, split: str, lengths: Mapping[str, int], max_examples: 
 def _as_task(name: str) -> Task:
   item = get_mixture_or_task(name)
   if not isinstance(item, Task):
-    raise ValueError(f"{name!r} is a mixture; show or measure one of its tasks: "
-                     f"{[t if isinstance(t, str) else t[0] for t in item.tasks]}")
+    raise ConfigError(f"{name!r} is a mixture; show or measure one of its tasks: "
+                      f"{[t if isinstance(t, str) else t[0] for t in item.tasks]}")
   return item

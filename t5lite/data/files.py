@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
+
 Patterns = str | os.PathLike | Sequence[str | os.PathLike]
 _GLOB_CHARS = frozenset("*?[")
 _NEWLINE_SCAN_BYTES = 1 << 26  # scan for newlines 64 MiB at a time to bound temporaries
@@ -50,7 +52,7 @@ def expand_patterns(patterns: Patterns) -> list[str]:
     else:
       matches = [pattern] if os.path.isfile(pattern) else []
     if not matches:
-      raise FileNotFoundError(f"no file matches {pattern!r}{_near_names(pattern)}")
+      raise ConfigFileNotFoundError(f"no file matches {pattern!r}{_near_names(pattern)}")
     files.extend(m for m in matches if m not in files)
   return files
 
@@ -173,7 +175,7 @@ class IndexedFileSource(abc.ABC):
       indexes.append(self._index_file(path, buf))
     counts = np.array([self._count(ix) for ix in indexes], dtype=np.int64)
     if not counts.sum():
-      raise ValueError(f"{self!r} has no examples: these files are empty: {self.files}")
+      raise ConfigError(f"{self!r} has no examples: these files are empty: {self.files}")
     self._indexes, self._cumulative = indexes, np.cumsum(counts)
 
   def __len__(self) -> int:

@@ -44,6 +44,8 @@ from typing import Any, Callable, Mapping, Sequence
 import grain
 import numpy as np
 
+from t5lite.errors import ConfigError
+
 Slots = Sequence[tuple[Sequence[str], int]]  # ((feature names, lead first), row length), ...
 Prepare = Callable[[Any], Sequence[np.ndarray]]
 Finalize = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -164,8 +166,8 @@ class _PackIterator(grain.DatasetIterator):
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     if "skip" not in state:
-      raise ValueError("this packed data state was not saved by t5lite.data.packing (an older "
-                       f"t5lite packed with grain's packer): keys {sorted(state)}")
+      raise ConfigError("this packed data state was not saved by t5lite.data.packing (an older "
+                        f"t5lite packed with grain's packer): keys {sorted(state)}")
     anchor, skip = state["parent"], int(state["skip"])
     self._parent.set_state(anchor)
     self._anchor, self._read = anchor, 0
@@ -235,7 +237,7 @@ class PackIterDataset(grain.IterDataset):
                finalize: Finalize, num_packing_bins: int, seed: int = 0):
     super().__init__(parent)
     if num_packing_bins < 1:
-      raise ValueError(f"num_packing_bins must be >= 1, got {num_packing_bins}")
+      raise ConfigError(f"num_packing_bins must be >= 1, got {num_packing_bins}")
     self.layout = _Layout(slots)
     self.prepare, self.finalize = prepare, finalize
     self.num_packing_bins, self.seed = int(num_packing_bins), int(seed)

@@ -1,8 +1,8 @@
 """Per-example preprocessors: small composable functions over example dicts.
 
 A preprocessor takes an example (dict of str / numpy arrays) and returns the new example,
-or None to drop it. It may ask for keyword arguments by name, which the pipeline passes
-(as seqio does): `output_features` (the task's Features), `sequence_length` (the task
+or None to drop it. It may ask for keyword arguments by name, which apply_preprocessors
+passes (as seqio does): `output_features` (the task's Features), `sequence_length` (the task
 feature lengths), `rng` (a numpy Generator seeded per example: deterministic and
 resumable) and `seed` (an int per preprocessor and batch row). Functions marked with
 @stream_preprocessor instead take and return a whole grain IterDataset (many-to-many steps
@@ -10,10 +10,16 @@ such as concatenate-and-split).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
 from typing import Any, Callable, Mapping
 
+import grain
 import numpy as np
+
+from t5lite.data.registry import CACHE_POINT, Task
 
 Example = dict[str, Any]
 INJECTABLE = ("output_features", "sequence_length", "rng", "seed")
@@ -36,6 +42,46 @@ def wanted_kwargs(fn: Callable) -> set[str]:
   except (TypeError, ValueError):
     return set()
   return {name for name in INJECTABLE if name in params}
+
+
+def derive_seed(*parts: Any) -> int:
+  """A stable 32-bit seed from any printable parts (hash() is salted per process)."""
+  digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+  return int.from_bytes(digest[:4], "little")
+
+
+# Module-level callables (not lambdas) so pipelines pickle into grain worker processes.
+def _call(fn, kwargs, ex):
+  return fn(ex, **kwargs)
+
+
+def _call_random(fn, kwargs, ex, rng):
+  return fn(ex, rng=rng, **kwargs)
+
+
+def _is_example(ex) -> bool:
+  return ex is not None
+
+
+def apply_preprocessors(ds: grain.IterDataset, task: Task, steps, *,
+                        sequence_length: Mapping[str, int] | None, seed: int) -> grain.IterDataset:
+  """Applies task preprocessors (a slice of task.preprocessors) to an IterDataset."""
+  for index, fn in steps:
+    if fn is CACHE_POINT:
+      continue
+    injected = {"output_features": task.output_features, "sequence_length": sequence_length,
+                "seed": derive_seed(seed, index)}
+    wanted = wanted_kwargs(fn)  # once per pipeline, not per example
+    kwargs = {k: v for k, v in injected.items() if k in wanted and k != "rng"}
+    if is_stream(fn):
+      ds = fn(ds, **kwargs)
+      continue
+    if "rng" in wanted:
+      ds = ds.random_map(functools.partial(_call_random, fn, kwargs), seed=derive_seed(seed, index))
+    else:
+      ds = ds.map(functools.partial(_call, fn, kwargs))
+    ds = ds.filter(_is_example)
+  return ds
 
 
 def rekey(key_map: Mapping[str, str | None]) -> Callable[[Example], Example]:

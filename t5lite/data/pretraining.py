@@ -76,7 +76,7 @@ class _CorruptGroup(grain.experimental.FlatMapTransform):
   """(non-empty documents, seed) -> T5 span-corrupted examples of their concatenation's pieces.
 
   The same examples as select_random_chunk -> concat_and_split -> span_corruption ->
-  append_eos document by document and piece by piece (REFERENCE §1), but every random draw of
+  append_eos document by document and piece by piece (corruption.py), but every random draw of
   a group comes from one generator and its full-length pieces go through
   span_corruption_batch at once: per document and per piece, a generator of its own and a
   pass through grain's map and filter stages cost more than the corruption itself. Example
@@ -138,7 +138,7 @@ def _corrupt_groups(raw_length, noise_density: float, mean_noise_span_length: fl
 
 def span_corruption_preprocessors(noise_density: float = 0.15,
                                   mean_noise_span_length: float = 3.0) -> list:
-  """T5's span corruption after `tokenize, CACHE_POINT` (REFERENCE §1), as one step:
+  """T5's span corruption after `tokenize, CACHE_POINT` (see corruption.py), as one step:
   select_random_chunk, concatenate 128 documents, split, span-corrupt, append EOS."""
   def raw_length(sequence_length):
     return sc.span_corruption_lengths(sequence_length["inputs"], noise_density,

@@ -12,6 +12,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from t5lite.data.vocabularies import Vocabulary
+from t5lite.errors import ConfigError, ConfigKeyError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 
@@ -64,9 +65,9 @@ class Task:
   def __post_init__(self):
     validate_name(self.name, "task")
     if sum(p is CACHE_POINT for p in self.preprocessors) > 1:
-      raise ValueError(f"task {self.name!r}: CACHE_POINT may appear at most once")
+      raise ConfigError(f"task {self.name!r}: CACHE_POINT may appear at most once")
     if not self.output_features:
-      raise ValueError(f"task {self.name!r} needs output_features")
+      raise ConfigError(f"task {self.name!r} needs output_features")
 
   @property
   def splits(self) -> tuple[str, ...] | None:
@@ -77,7 +78,8 @@ class Task:
     """The random-access data source of a split (built on first use)."""
     if isinstance(self.source, Mapping):
       if split not in self.source:
-        raise ValueError(f"task {self.name!r} has no split {split!r}; splits: {sorted(self.source)}")
+        raise ConfigError(f"task {self.name!r} has no split {split!r}; splits: "
+                          f"{sorted(self.source)}")
       source = self.source[split]
       return source() if callable(source) and not hasattr(source, "__getitem__") else source
     return self.source(split)
@@ -109,7 +111,7 @@ class Mixture:
   def __post_init__(self):
     validate_name(self.name, "mixture")
     if not self.tasks:
-      raise ValueError(f"mixture {self.name!r} has no tasks")
+      raise ConfigError(f"mixture {self.name!r} has no tasks")
 
   def task_rates(self, split: str = "train") -> list[tuple[Task, float]]:
     """(task, rate) pairs with sub-mixtures flattened, rates normalized within each."""
@@ -117,7 +119,7 @@ class Mixture:
     for entry in self.tasks:
       name, rate = entry if isinstance(entry, tuple) else (entry, self.default_rate)
       if rate is None:
-        raise ValueError(f"mixture {self.name!r}: {name!r} has no rate and no default_rate")
+        raise ConfigError(f"mixture {self.name!r}: {name!r} has no rate and no default_rate")
       if name in MixtureRegistry._registry:
         sub = MixtureRegistry.get(name).task_rates(split)
         total = sum(r for _, r in sub)
@@ -127,7 +129,7 @@ class Mixture:
         task = TaskRegistry.get(name)
         out.append((task, rate(task) if callable(rate) else float(rate)))
     if any(r < 0 for _, r in out) or not sum(r for _, r in out) > 0:
-      raise ValueError(f"mixture {self.name!r}: rates must be >= 0 with a positive sum")
+      raise ConfigError(f"mixture {self.name!r}: rates must be >= 0 with a positive sum")
     return out
 
 
@@ -140,8 +142,8 @@ def rate_num_examples(task: Task, split: str = "train", maximum: int | None = No
 
 def validate_name(name: str, kind: str) -> None:
   if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
-    raise ValueError(f"invalid {kind} name {name!r}: use letters, digits and _ . : - "
-                     "(no path separators, no '..')")
+    raise ConfigError(f"invalid {kind} name {name!r}: use letters, digits and _ . : - "
+                      "(no path separators, no '..')")
 
 
 class _Registry:
@@ -151,8 +153,8 @@ class _Registry:
   @classmethod
   def add(cls, item):
     if item.name in TaskRegistry._registry or item.name in MixtureRegistry._registry:
-      raise ValueError(f"{item.name!r} is already registered; names of tasks and mixtures "
-                       "are unique (remove it first to redefine it)")
+      raise ConfigError(f"{item.name!r} is already registered; names of tasks and mixtures "
+                        "are unique (remove it first to redefine it)")
     cls._registry[item.name] = item
     return item
 
@@ -169,8 +171,8 @@ class _Registry:
     if name not in cls._registry:
       near = difflib.get_close_matches(name, list(cls._registry), n=5, cutoff=0.4)
       hint = f"; closest: {', '.join(near)}" if near else ""
-      raise KeyError(f"unknown {cls._kind} {name!r}{hint} "
-                     f"({len(cls._registry)} registered; `t5lite tasks list` shows them)")
+      raise ConfigKeyError(f"unknown {cls._kind} {name!r}{hint} "
+                           f"({len(cls._registry)} registered; `t5lite tasks list` shows them)")
     return cls._registry[name]
 
 
@@ -193,7 +195,7 @@ def get_mixture_or_task(name: str) -> Task | Mixture:
   everything = list(TaskRegistry._registry) + list(MixtureRegistry._registry)
   near = difflib.get_close_matches(name, everything, n=5, cutoff=0.4)
   hint = f"; closest: {', '.join(near)}" if near else ""
-  raise KeyError(f"unknown task or mixture {name!r}{hint}")
+  raise ConfigKeyError(f"unknown task or mixture {name!r}{hint}")
 
 
 def tasks_of(names: str | Sequence[str]) -> list[Task]:

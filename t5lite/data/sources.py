@@ -25,6 +25,7 @@ from t5lite.data.files import (ByteSpans, IndexedFileSource, Patterns, checked_i
                                line_spans)
 from t5lite.data.files import expand_patterns, read_buffer  # noqa: F401 (re-export)
 from t5lite.data.tfds_source import TfdsSource, prepare_tfds_dataset  # noqa: F401 (re-export)
+from t5lite.errors import ConfigError
 
 
 class TextLineSource(IndexedFileSource):
@@ -52,8 +53,8 @@ class TextLineSource(IndexedFileSource):
     try:
       text = bytes(buf[start:end]).decode("utf-8")
     except UnicodeDecodeError as e:
-      raise ValueError(f"{self.files[file_id]}:{line_number(buf, start)}: invalid UTF-8 "
-                       f"({e.reason} at byte {e.start} of the line)") from None
+      raise ConfigError(f"{self.files[file_id]}:{line_number(buf, start)}: invalid UTF-8 "
+                        f"({e.reason} at byte {e.start} of the line)") from None
     return text[1:] if start == 0 and text.startswith("\ufeff") else text  # drop a BOM
 
   def _where(self, file_id: int, index: int) -> str:
@@ -82,11 +83,11 @@ class JsonlSource(TextLineSource):
     try:
       example = json.loads(line)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{self._where(file_id, index)}: invalid JSON ({e.msg} at column "
-                       f"{e.colno})") from None
+      raise ConfigError(f"{self._where(file_id, index)}: invalid JSON ({e.msg} at column "
+                        f"{e.colno})") from None
     if not isinstance(example, dict):
-      raise ValueError(f"{self._where(file_id, index)}: expected a JSON object, got "
-                       f"{type(example).__name__}")
+      raise ConfigError(f"{self._where(file_id, index)}: expected a JSON object, got "
+                        f"{type(example).__name__}")
     return example
 
   def _repr_args(self) -> str:
@@ -107,8 +108,8 @@ class TsvSource(TextLineSource):
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
     values = self._line(file_id, index).split("\t")
     if len(values) != len(self.field_names):
-      raise ValueError(f"{self._where(file_id, index)}: {len(values)} tab-separated fields, "
-                       f"expected {len(self.field_names)} {self.field_names}")
+      raise ConfigError(f"{self._where(file_id, index)}: {len(values)} tab-separated fields, "
+                        f"expected {len(self.field_names)} {self.field_names}")
     return dict(zip(self.field_names, values))
 
   def _repr_args(self) -> str:
@@ -137,8 +138,8 @@ class TextFileSource(IndexedFileSource):
     try:
       return {self.field: data.decode("utf-8")}
     except UnicodeDecodeError as e:
-      raise ValueError(f"{path}:{line_number(data, e.start)}: invalid UTF-8 ({e.reason})"
-                       ) from None
+      raise ConfigError(f"{path}:{line_number(data, e.start)}: invalid UTF-8 ({e.reason})"
+                        ) from None
 
   def _repr_args(self) -> str:
     return f"{self._patterns!r}, field={self.field!r}"
@@ -225,7 +226,7 @@ class FunctionSource:
         raise TypeError(f"{self!r}: item {i} is a {type(ex).__name__}, expected a dict")
       examples.append(dict(ex))
     if not examples:
-      raise ValueError(f"{self!r} has no examples: the function returned none")
+      raise ConfigError(f"{self!r} has no examples: the function returned none")
     return examples
 
   def __len__(self) -> int:

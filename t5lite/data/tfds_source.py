@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from t5lite.data.files import checked_index
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 _PREPARE_HINT = (
     "Prepare it once in the array_record format: from local data with "
@@ -79,16 +80,16 @@ class TfdsSource:
     try:
       builder = tfds.builder(self.name, data_dir=self.data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-      raise FileNotFoundError(f"TFDS dataset {self.name!r} is neither in {where} nor in "
-                              "the TFDS catalog (check its name, config and version). "
-                              f"{_PREPARE_HINT}") from None
+      raise ConfigFileNotFoundError(f"TFDS dataset {self.name!r} is neither in {where} nor in "
+                                    "the TFDS catalog (check its name, config and version). "
+                                    f"{_PREPARE_HINT}") from None
     if not builder.is_prepared():
-      raise FileNotFoundError(f"TFDS dataset {self.name!r} is not prepared in {where} "
-                              f"(looked in {builder.data_dir}). {_PREPARE_HINT}")
+      raise ConfigFileNotFoundError(f"TFDS dataset {self.name!r} is not prepared in {where} "
+                                    f"(looked in {builder.data_dir}). {_PREPARE_HINT}")
     formats = {f.value for f in builder.info.available_file_formats()}
     if "array_record" not in formats:
-      raise ValueError(f"TFDS dataset {self.name!r} in {builder.data_dir} is stored as "
-                       f"{sorted(formats)}; random access needs array_record. {_PREPARE_HINT}")
+      raise ConfigError(f"TFDS dataset {self.name!r} in {builder.data_dir} is stored as "
+                        f"{sorted(formats)}; random access needs array_record. {_PREPARE_HINT}")
     self._source = builder.as_data_source(split=self.split, decoders=self.decoders,
                                           file_format="array_record")
     self._text_keys = _text_keys(builder.info.features)
@@ -133,8 +134,8 @@ def _feature(kind: Any):
   try:
     np_dtype = np.dtype(dtype)
   except TypeError:
-    raise ValueError(f"unknown feature kind {kind!r}: use 'text', 'bytes', a numpy dtype "
-                     "name like 'int32', or 'int32[]' for a variable-length vector") from None
+    raise ConfigError(f"unknown feature kind {kind!r}: use 'text', 'bytes', a numpy dtype "
+                      "name like 'int32', or 'int32[]' for a variable-length vector") from None
   if kind.endswith("[]"):
     return tfds.features.Tensor(shape=(None,), dtype=np_dtype)
   return tfds.features.Scalar(dtype=np_dtype)
@@ -183,7 +184,7 @@ def prepare_tfds_dataset(name: str, split_examples: Mapping[str, Iterable[dict]]
   """
   tfds = _tfds()
   if not split_examples:
-    raise ValueError("prepare_tfds_dataset: no splits given")
+    raise ConfigError("prepare_tfds_dataset: no splits given")
   feature_dict = tfds.features.FeaturesDict({k: _feature(v) for k, v in features.items()})
   builder_cls = _builder_class(name, version, feature_dict, split_examples, description)
   builder = builder_cls(data_dir=os.fspath(data_dir), file_format="array_record")

@@ -25,6 +25,7 @@ from t5lite.data import crc32c
 from t5lite.data.files import (ByteSpans, IndexedFileSource, Patterns, checked_index,
                                expand_patterns, read_buffer)
 from t5lite.data.tfrecord_example import parse_example
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
 _CRC_BATCH_BYTES = 1 << 25  # verify data CRCs 32 MiB at a time
@@ -37,8 +38,8 @@ def _check_length_crcs(path: str, data: np.ndarray, offsets: np.ndarray) -> None
   stored = data[(offsets + 8)[:, None] + np.arange(4)].copy().view("<u4").ravel()
   bad = np.flatnonzero(crc32c.masked_crc32c_many([h.tobytes() for h in headers]) != stored)
   if len(bad):
-    raise ValueError(f"{path}: corrupted record length at offset {offsets[bad[0]]} "
-                     "(length CRC mismatch)")
+    raise ConfigError(f"{path}: corrupted record length at offset {offsets[bad[0]]} "
+                      "(length CRC mismatch)")
 
 
 def _check_data_crcs(path: str, data: np.ndarray, offsets: np.ndarray, starts: np.ndarray,
@@ -52,8 +53,8 @@ def _check_data_crcs(path: str, data: np.ndarray, offsets: np.ndarray, starts: n
     records = [data[s:e].tobytes() for s, e in zip(starts[lo:hi], ends[lo:hi])]
     bad = np.flatnonzero(crc32c.masked_crc32c_many(records) != stored[lo:hi])
     if len(bad):
-      raise ValueError(f"{path}: corrupted record data at offset {offsets[lo + bad[0]]} "
-                       "(data CRC mismatch)")
+      raise ConfigError(f"{path}: corrupted record data at offset {offsets[lo + bad[0]]} "
+                        "(data CRC mismatch)")
 
 
 def tfrecord_index(path: str, buf: Any, *, verify_crc: bool = True) -> ByteSpans:
@@ -66,16 +67,16 @@ def tfrecord_index(path: str, buf: Any, *, verify_crc: bool = True) -> ByteSpans
   offsets, lengths = [], []
   while pos < size:
     if pos + _HEADER.size > size:
-      raise ValueError(f"{path}: truncated record header at offset {pos} "
-                       f"(file ends at byte {size})")
+      raise ConfigError(f"{path}: truncated record header at offset {pos} "
+                        f"(file ends at byte {size})")
     length, length_crc = _HEADER.unpack_from(buf, pos)
     end = pos + _HEADER.size + length + 4
     if end > size:
       if crc32c.masked_crc32c(bytes(buf[pos:pos + 8])) != length_crc:
-        raise ValueError(f"{path}: corrupted record length at offset {pos} "
-                         "(length CRC mismatch)")
-      raise ValueError(f"{path}: truncated record at offset {pos}: {length} data bytes "
-                       f"announced, file ends at byte {size}")
+        raise ConfigError(f"{path}: corrupted record length at offset {pos} "
+                          "(length CRC mismatch)")
+      raise ConfigError(f"{path}: truncated record at offset {pos}: {length} data bytes "
+                        f"announced, file ends at byte {size}")
     offsets.append(pos)
     lengths.append(length)
     pos = end
@@ -141,7 +142,7 @@ class ArrayRecordSource:
       files = expand_patterns(self._patterns)
       source = ards.ArrayRecordDataSource(files)
       if not len(source):
-        raise ValueError(f"{self!r} has no examples: these files are empty: {files}")
+        raise ConfigError(f"{self!r} has no examples: these files are empty: {files}")
       self._source = source
     return self._source
 
@@ -197,7 +198,7 @@ def convert_tfrecord_to_array_record(patterns: Patterns, output_dir: str, *,
   if num_shards is None:
     outputs = [os.path.join(output_dir, _array_record_name(f)) for f in files]
     if len(set(outputs)) != len(outputs):
-      raise ValueError(f"input files {files} map to clashing output names; pass num_shards")
+      raise ConfigError(f"input files {files} map to clashing output names; pass num_shards")
     for src, dst in zip(files, outputs):
       _write_array_record(dst, read_tfrecord(src, verify_crc=verify_crc))
     return outputs
@@ -220,7 +221,7 @@ def convert_tfds_dataset_to_array_record(dataset_dir: str, *, verify_crc: bool =
   """
   shards = sorted(f for f in os.listdir(dataset_dir) if re.search(r"\.tfrecord-\d+-of-\d+$", f))
   if not shards:
-    raise FileNotFoundError(f"no '*.tfrecord-XXXXX-of-YYYYY' shards in {dataset_dir}")
+    raise ConfigFileNotFoundError(f"no '*.tfrecord-XXXXX-of-YYYYY' shards in {dataset_dir}")
   for shard in shards:
     _write_array_record(os.path.join(dataset_dir, _array_record_name(shard)),
                         read_tfrecord(os.path.join(dataset_dir, shard), verify_crc=verify_crc))

@@ -20,6 +20,8 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
+
 CONFIG_FILE = "vocabulary.json"
 SPIECE_FILE = "spiece.model"
 MODEL_TYPES = ("unigram", "bpe")
@@ -35,7 +37,7 @@ class Vocabulary(abc.ABC):
 
   def __init__(self, extra_ids: int = 0):
     if extra_ids < 0:
-      raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+      raise ConfigError(f"extra_ids must be >= 0, got {extra_ids}")
     self._extra_ids = int(extra_ids)
 
   @property
@@ -137,7 +139,7 @@ class SentencePieceVocabulary(Vocabulary):
       self._model = bytes(model)
     else:
       if not os.path.isfile(model):
-        raise FileNotFoundError(f"sentencepiece model file not found: {os.fspath(model)}")
+        raise ConfigFileNotFoundError(f"sentencepiece model file not found: {os.fspath(model)}")
       self._model = pathlib.Path(model).read_bytes()
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(self._model)
@@ -149,8 +151,8 @@ class SentencePieceVocabulary(Vocabulary):
     self._sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     layout = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
     if layout != (self.pad_id, self.eos_id, self.unk_id):
-      raise ValueError(f"sentencepiece model has (pad, eos, unk) ids {layout}; t5lite needs "
-                       "(0, 1, 2) (train with pad_id=0, eos_id=1, unk_id=2, bos_id=-1)")
+      raise ConfigError(f"sentencepiece model has (pad, eos, unk) ids {layout}; t5lite needs "
+                        "(0, 1, 2) (train with pad_id=0, eos_id=1, unk_id=2, bos_id=-1)")
 
   @property
   def serialized_model(self) -> bytes:
@@ -225,7 +227,7 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
   if not config_path.is_file():
     if (directory / SPIECE_FILE).is_file():
       return SentencePieceVocabulary(directory / SPIECE_FILE, extra_ids=100)
-    raise FileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory}")
+    raise ConfigFileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory}")
   config = json.loads(config_path.read_text())
   kind = config.get("kind")
   if kind == "byte":
@@ -233,8 +235,8 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
   if kind == "sentencepiece":
     model_file = directory / config.get("model_file", SPIECE_FILE)
     return SentencePieceVocabulary(model_file, config["extra_ids"])
-  raise ValueError(f"{config_path}: unknown vocabulary kind {kind!r}; "
-                   "expected 'sentencepiece' or 'byte'")
+  raise ConfigError(f"{config_path}: unknown vocabulary kind {kind!r}; "
+                    "expected 'sentencepiece' or 'byte'")
 
 
 def _lines(texts: Iterable[str]) -> Iterator[str]:
@@ -242,8 +244,8 @@ def _lines(texts: Iterable[str]) -> Iterator[str]:
   lines = (line for text in texts for line in text.splitlines() if line.strip())
   first = next(lines, None)
   if first is None:
-    raise ValueError("train_sentencepiece: no text to train on (the iterator is empty "
-                     "or holds only blank strings)")
+    raise ConfigError("train_sentencepiece: no text to train on (the iterator is empty "
+                      "or holds only blank strings)")
   return itertools.chain([first], lines)
 
 
@@ -264,7 +266,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, *,
   the same texts and arguments give the same bytes.
   """
   if model_type not in MODEL_TYPES:
-    raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   sentences = _lines(texts)
   writer = io.BytesIO()
   spm.set_random_generator_seed(seed)  # Process-wide; used when sampling sentences.

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import cloudpickle
 import numpy as np
 
-from t5lite.data.pipeline import PipelineConfig, assemble_batch, check_state, row_dataset
+from t5lite.data.rows import PipelineConfig, assemble_batch, check_state, row_dataset
 
 _DONE = "done"
 

@@ -25,8 +25,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from t5lite.data.pipeline import PipelineConfig, task_row_dataset
 from t5lite.data.registry import Task
+from t5lite.data.rows import PipelineConfig, task_row_dataset
+from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
 
 Tree = Any
@@ -58,9 +59,9 @@ class DecodeConfig:
 
   def __post_init__(self):
     if self.method not in DECODE_METHODS:
-      raise ValueError(f"DecodeConfig.method={self.method!r} is not one of {DECODE_METHODS}")
+      raise ConfigError(f"DecodeConfig.method={self.method!r} is not one of {DECODE_METHODS}")
     if self.batch_size < 1:
-      raise ValueError(f"DecodeConfig.batch_size must be >= 1, got {self.batch_size}")
+      raise ConfigError(f"DecodeConfig.batch_size must be >= 1, got {self.batch_size}")
 
   def generate_kwargs(self) -> dict:
     return dict(method=self.method, num_beams=self.num_beams, alpha=self.alpha,
@@ -82,8 +83,8 @@ def metric_kind(fn: Callable) -> str:
     return "predict"
   if "scores" in params:
     return "score"
-  raise ValueError(f"metric fn {getattr(fn, '__name__', fn)!r} takes neither `predictions` nor "
-                   "`scores`: name its second parameter one of them (seqio's convention)")
+  raise ConfigError(f"metric fn {getattr(fn, '__name__', fn)!r} takes neither `predictions` nor "
+                    "`scores`: name its second parameter one of them (seqio's convention)")
 
 
 def pad_rows(rows: Sequence[np.ndarray], length: int, num_rows: int) -> np.ndarray:
@@ -105,7 +106,7 @@ def feature_text(example: Mapping, name: str, vocab=None) -> str:
   if text is not None:
     return text.decode("utf-8") if isinstance(text, bytes) else str(text)
   if vocab is None:
-    raise ValueError(f"example has no {name}_pretokenized text (keep `tokenize`'s copy)")
+    raise ConfigError(f"example has no {name}_pretokenized text (keep `tokenize`'s copy)")
   return vocab.decode(np.asarray(example[name]).tolist())
 
 
@@ -129,7 +130,7 @@ class TaskEvaluator:
     stream = task_row_dataset(task, 0, config)
     self.examples = list(itertools.islice(stream, max_examples))
     if not self.examples:
-      raise ValueError(f"task {task.name!r} split {split!r} has no examples after preprocessing")
+      raise ConfigError(f"task {task.name!r} split {split!r} has no examples after preprocessing")
     self.kinds = {getattr(fn, "__name__", repr(fn)): metric_kind(fn) for fn in task.metric_fns}
     vocab = task.output_features["targets"].vocabulary
     self.targets = [postprocess(task, feature_text(ex, "targets", vocab), ex, True)

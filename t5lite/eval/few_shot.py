@@ -22,8 +22,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from t5lite.data.pipeline import PipelineConfig, task_row_dataset
 from t5lite.data.registry import Task
+from t5lite.data.rows import PipelineConfig, task_row_dataset
+from t5lite.errors import ConfigError
+from t5lite.families import family_of
 from t5lite.eval.evaluator import (DecodeConfig, EvalResult, feature_text, jsonable, metric_kind,
                                    pad_rows, postprocess)
 
@@ -48,8 +50,8 @@ def _examples(task: Task, split: str, limit: int | None) -> list[dict]:
                           shuffle=False, num_epochs=1)
   examples = list(itertools.islice(task_row_dataset(task, 0, config), limit))
   if examples and not {"inputs_pretokenized", "targets_pretokenized"} <= set(examples[0]):
-    raise ValueError(f"task {task.name!r}: few-shot prompts need the text of inputs and targets "
-                     "(the `tokenize` preprocessor keeps it as *_pretokenized)")
+    raise ConfigError(f"task {task.name!r}: few-shot prompts need the text of inputs and targets "
+                      "(the `tokenize` preprocessor keeps it as *_pretokenized)")
   return examples
 
 
@@ -61,8 +63,8 @@ def build_prompts(task: Task, config: FewShotConfig = FewShotConfig(), *,
   shots = _examples(task, train_split, max_train_examples)
   queries = _examples(task, split, max_examples)
   if len(shots) < config.k:
-    raise ValueError(f"task {task.name!r} split {train_split!r} has {len(shots)} examples, "
-                     f"fewer than k={config.k}")
+    raise ConfigError(f"task {task.name!r} split {train_split!r} has {len(shots)} examples, "
+                      f"fewer than k={config.k}")
   head, _, _ = config.template.partition("{targets}")
   prompts = []
   for index, example in enumerate(queries):
@@ -84,9 +86,10 @@ def few_shot_evaluate(model_config, params: Tree, task: Task, config: FewShotCon
 
   A prompt longer than prompt_length keeps its end (the query and the nearest examples).
   """
-  if model_config.architecture != "decoder_only":
-    raise ValueError(f"few-shot prompting needs a decoder_only model, got "
-                     f"{model_config.architecture!r}")
+  family = family_of(model_config)
+  if not family.continues_prompts:
+    raise ConfigError(f"few-shot prompting needs a model that continues a prompt (a decoder-only "
+                      f"language model); a {family.name!r} model does not")
   if generate_fn is None:
     from t5lite.models.decoding import generate as generate_fn
   vocab = task.output_features["targets"].vocabulary

@@ -24,9 +24,10 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from t5lite.data.registry import tasks_of
+from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
-from t5lite.train.metrics_writer import MetricsWriter
-from t5lite.train.model_dir import check_not_url
+from t5lite.runtime.metrics_writer import MetricsWriter
+from t5lite.runtime.model_dir import check_not_url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +83,12 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
   import jax
 
-  from t5lite.train import partitioning as part
-  from t5lite.train.model_dir import load_params, model_dir_of
+  from t5lite.runtime import partitioning as part
+  from t5lite.runtime.model_dir import load_params, model_dir_of
   tasks = tasks_of(config.mixture_or_task_name)
   no_metrics = [t.name for t in tasks if not t.metric_fns]
   if no_metrics:
-    raise ValueError(f"tasks {no_metrics} have no metric_fns to evaluate")
+    raise ConfigError(f"tasks {no_metrics} have no metric_fns to evaluate")
   output_dir = config.output_dir or os.path.join(model_dir_of(config.checkpoint_path), "eval")
   primary = jax.process_index() == 0  # the one process that writes and prints
   log = log if primary else _silent
@@ -134,9 +135,9 @@ def _read_inputs(path: str) -> Iterator[str]:
         try:
           record = json.loads(line)
         except json.JSONDecodeError as e:
-          raise ValueError(f"{path} line {number}: not valid JSON ({e})") from e
+          raise ConfigError(f"{path} line {number}: not valid JSON ({e})") from e
         if "inputs" not in record:
-          raise ValueError(f"{path} line {number}: a JSON object needs an 'inputs' field")
+          raise ConfigError(f"{path} line {number}: a JSON object needs an 'inputs' field")
         yield str(record["inputs"])
       else:
         yield line
@@ -153,12 +154,12 @@ def infer(config: InferConfig) -> int:
 
   from t5lite.data.vocabularies import load_vocabulary
   from t5lite.models.decoding import generate
-  from t5lite.train import partitioning as part
-  from t5lite.train.model_dir import load_params, model_dir_of
+  from t5lite.runtime import partitioning as part
+  from t5lite.runtime.model_dir import load_params, model_dir_of
   if config.input_path == "-" and jax.process_count() > 1:
     # Each process would read its own stdin: different inputs, mismatched collectives.
-    raise ValueError("with several processes INFER_INPUT must be a file that every host sees, "
-                     "not stdin")
+    raise ConfigError("with several processes INFER_INPUT must be a file that every host sees, "
+                      "not stdin")
   vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
   texts = list(_read_inputs(config.input_path))
   mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()

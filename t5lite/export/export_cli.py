@@ -79,7 +79,7 @@ def _load(checkpoint: str):
   import jax
 
   from t5lite.data.vocabularies import load_vocabulary
-  from t5lite.train import model_dir
+  from t5lite.runtime import model_dir
   config, params, step = model_dir.load_params(checkpoint)
   try:
     vocabulary = load_vocabulary(model_dir.model_dir_of(checkpoint))

@@ -1,6 +1,6 @@
 """HF transformers T5 checkpoints <-> t5lite (config, params): load_hf and save_hf.
 
-Layout facts (REFERENCE §4): torch Linear weights are (out, in), so kernels are transposed;
+Layout facts: torch Linear weights are (out, in), so kernels are transposed;
 attention kernels (D, H, K) flatten to (H*K, D). The relative bias table sits in block 0 of
 each stack. transformers 5.x always says `tie_word_embeddings: true` and records logit
 scaling as `scale_decoder_outputs`; 4.x-era configs use `tie_word_embeddings` for both, so an
@@ -18,8 +18,11 @@ import numpy as np
 import safetensors.numpy
 from flax import traverse_util
 
+from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
+from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import Params, abstract_params, scan_params, unscan_params
+from t5lite.models.transformer import CROSS_ATTENTION
 
 # Our activation names <-> HF `feed_forward_proj` ("gated-X" = act(wi_0) * wi_1).
 TO_HF_ACTIVATION = {"relu": "relu", "gated-gelu": "gated-gelu", "gelu": "gelu_new",
@@ -38,19 +41,22 @@ RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "dropou
 
 def config_to_hf(config: ModelConfig) -> dict:
   """HF config.json contents; raises for variants that HF's T5 cannot express."""
+  family = family_of(config)
+  if family.hf_model_type != "t5":
+    raise ConfigError(f"a {family.name!r} model has no HF T5 layout (HF mapping: "
+                      f"{family.hf_model_type or 'none'}); it cannot be exported to it")
   unsupported = {
-      "architecture": (config.architecture, "encoder_decoder"),
       "norm": (config.norm, "rms"),
       "position_encoding": (config.position_encoding, "relative_bias"),
   }
   for field, (value, needed) in unsupported.items():
     if value != needed:
-      raise ValueError(f"HF T5 has no equivalent of {field}={value!r} (it needs {needed!r}); "
-                       "this model cannot be exported to the HF T5 layout")
+      raise ConfigError(f"HF T5 has no equivalent of {field}={value!r} (it needs {needed!r}); "
+                        "this model cannot be exported to the HF T5 layout")
   if config.tie_output_embedding != config.scale_logits:
     # transformers 4.x reads tie_word_embeddings as "tie and scale": such an export would
     # give it wrong logits (5.x alone reads scale_decoder_outputs).
-    raise ValueError(
+    raise ConfigError(
         f"tie_output_embedding={config.tie_output_embedding} but scale_logits="
         f"{config.scale_logits}: HF's T5 layout (transformers 4.x semantics, where "
         "tie_word_embeddings means tied and scaled) needs them equal; this model cannot be "
@@ -84,15 +90,14 @@ def config_to_hf(config: ModelConfig) -> dict:
 def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
   """ModelConfig from HF config.json contents; `tied` comes from the weights (see module doc)."""
   if hf.get("model_type", "t5") not in ("t5", "mt5"):  # mT5 shares T5's layout
-    raise ValueError(f"model_type={hf.get('model_type')!r}: only HF T5 checkpoints can be read")
+    raise ConfigError(f"model_type={hf.get('model_type')!r}: only HF T5 checkpoints can be read")
   proj = hf.get("feed_forward_proj", "relu")
   if proj not in FROM_HF_ACTIVATION:
-    raise ValueError(f"feed_forward_proj={proj!r} has no t5lite equivalent; "
-                     f"supported: {sorted(FROM_HF_ACTIVATION)}")
+    raise ConfigError(f"feed_forward_proj={proj!r} has no t5lite equivalent; "
+                      f"supported: {sorted(FROM_HF_ACTIVATION)}")
   # 5.x: scale_decoder_outputs; 4.x-era: tie_word_embeddings also meant "scale" (default True).
   scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
-  values = dict(
-      architecture="encoder_decoder",
+  values = dict(  # ModelConfig's default architecture: T5's encoder-decoder
       vocab_size=hf["vocab_size"],
       d_model=hf["d_model"],
       d_ff=hf["d_ff"],
@@ -136,7 +141,7 @@ def _layer_map(config: ModelConfig, stack: str):
             + [(("pre_mlp_layer_norm", "scale"), "layer.1.layer_norm.weight", "vec")])
   return (_attention("self_attention", "layer.0.SelfAttention")
           + [(("pre_self_attention_layer_norm", "scale"), "layer.0.layer_norm.weight", "vec")]
-          + _attention("encoder_decoder_attention", "layer.1.EncDecAttention")
+          + _attention(CROSS_ATTENTION, "layer.1.EncDecAttention")
           + [(("pre_cross_attention_layer_norm", "scale"), "layer.1.layer_norm.weight", "vec")]
           + _mlp(config, "layer.2")
           + [(("pre_mlp_layer_norm", "scale"), "layer.2.layer_norm.weight", "vec")])
@@ -191,12 +196,12 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> Pa
   flat = {}
   for path, hf, kind in weight_map(config):
     if hf not in tensors:
-      raise KeyError(f"HF checkpoint lacks tensor {hf!r} needed for {'/'.join(path)}")
+      raise ConfigKeyError(f"HF checkpoint lacks tensor {hf!r} needed for {'/'.join(path)}")
     w = np.asarray(tensors[hf])
     shape = tuple(shapes[path].shape)
     if w.shape != _torch_shape(kind, shape):
-      raise ValueError(f"HF tensor {hf!r} has shape {w.shape}, expected "
-                       f"{_torch_shape(kind, shape)} for {'/'.join(path)} of this config")
+      raise ConfigError(f"HF tensor {hf!r} has shape {w.shape}, expected "
+                        f"{_torch_shape(kind, shape)} for {'/'.join(path)} of this config")
     # One dtype for the whole tree (HF may keep `wo` in float32 inside a half checkpoint).
     flat[path] = _from_torch_layout(kind, w, shape).astype(config.storage_dtype, copy=False)
   params = traverse_util.unflatten_dict(flat)
@@ -220,13 +225,13 @@ def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
     try:
       state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, or a pickle that needs more than tensors
-      raise ValueError(f"{path} cannot be read as a weights-only torch checkpoint: "
-                       f"{type(e).__name__}: {e}") from e
+      raise ConfigError(f"{path} cannot be read as a weights-only torch checkpoint: "
+                        f"{type(e).__name__}: {e}") from e
     if not isinstance(state, dict):
-      raise ValueError(f"{path}: a {type(state).__name__}, not a state dict of tensors")
+      raise ConfigError(f"{path}: a {type(state).__name__}, not a state dict of tensors")
     for key, value in state.items():
       if not isinstance(value, torch.Tensor):  # weights_only still allows ints, lists, dicts
-        raise ValueError(f"{path}: entry {key!r} is not a tensor (a {type(value).__name__})")
+        raise ConfigError(f"{path}: entry {key!r} is not a tensor (a {type(value).__name__})")
     tensors.update(_check_dtypes({k: _torch_to_numpy(v) for k, v in state.items()}, path))
   return tensors
 
@@ -238,16 +243,16 @@ def _index_shards(index_path: str) -> list[str]:
     with open(index_path, encoding="utf-8") as f:
       weight_map = json.load(f)["weight_map"]
   except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{index_path}: not a valid weight index ({type(e).__name__}: {e})") from e
+    raise ConfigError(f"{index_path}: not a valid weight index ({type(e).__name__}: {e})") from e
   directory = os.path.dirname(os.path.abspath(index_path))
   shards = []
   for shard in sorted(set(weight_map.values())):
     path = os.path.join(directory, str(shard))
     if (os.path.basename(str(shard)) != shard or
         os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory)):
-      raise ValueError(f"{index_path} names shard {shard!r} outside its directory; refused")
+      raise ConfigError(f"{index_path} names shard {shard!r} outside its directory; refused")
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"{index_path} names shard {shard}, which is missing")
+      raise ConfigFileNotFoundError(f"{index_path} names shard {shard}, which is missing")
     shards.append(path)
   return shards
 
@@ -258,8 +263,8 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   try:
     tensors = safetensors.numpy.load_file(path)
   except Exception as e:  # safetensors raises its own SafetensorError and OSErrors
-    raise ValueError(f"{path} cannot be read (truncated or corrupted?): "
-                     f"{type(e).__name__}: {e}") from e
+    raise ConfigError(f"{path} cannot be read (truncated or corrupted?): "
+                      f"{type(e).__name__}: {e}") from e
   return _check_dtypes(tensors, path)
 
 
@@ -267,8 +272,8 @@ def _check_dtypes(tensors: dict[str, np.ndarray], path: str) -> dict[str, np.nda
   bad = {k: str(v.dtype) for k, v in tensors.items() if str(v.dtype) not in FLOAT_DTYPES}
   if bad:
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    raise ValueError(f"{path}: T5 weights are floating point; these are not: "
-                     f"{dict(list(bad.items())[:5])}{more}")
+    raise ConfigError(f"{path}: T5 weights are floating point; these are not: "
+                      f"{dict(list(bad.items())[:5])}{more}")
   return tensors
 
 
@@ -288,7 +293,7 @@ def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
     return _read_torch_files([candidates[TORCH_FILE]])
   if os.path.exists(candidates[TORCH_INDEX_FILE]):
     return _read_torch_files(_index_shards(candidates[TORCH_INDEX_FILE]))
-  raise FileNotFoundError(f"no weights in {path}: looked for {', '.join(candidates)}")
+  raise ConfigFileNotFoundError(f"no weights in {path}: looked for {', '.join(candidates)}")
 
 
 def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
@@ -299,16 +304,16 @@ def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
   """
   bad = sorted(set(config_overrides) - set(RUNTIME_FIELDS))
   if bad:
-    raise ValueError(f"load_hf overrides {bad} would change the checkpoint's architecture; "
-                     f"only {RUNTIME_FIELDS} may be overridden")
+    raise ConfigError(f"load_hf overrides {bad} would change the checkpoint's architecture; "
+                      f"only {RUNTIME_FIELDS} may be overridden")
   config_file = os.path.join(path, "config.json")
   if not os.path.exists(config_file):
-    raise FileNotFoundError(f"{config_file} not found: is {path} an HF model directory?")
+    raise ConfigFileNotFoundError(f"{config_file} not found: is {path} an HF model directory?")
   with open(config_file) as f:
     hf_config = json.load(f)
   tensors = read_hf_tensors(path)
   if "shared.weight" not in tensors:
-    raise KeyError(f"{path} holds no 'shared.weight': not an HF T5 checkpoint")
+    raise ConfigKeyError(f"{path} holds no 'shared.weight': not an HF T5 checkpoint")
   shared = tensors["shared.weight"]
   lm_head = tensors.get("lm_head.weight")
   tied = lm_head is None or np.array_equal(lm_head, shared)

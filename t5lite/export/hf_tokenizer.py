@@ -1,7 +1,7 @@
 """A t5lite vocabulary as HF tokenizer files that encode exactly like it.
 
 transformers builds a T5 tokenizer from `spiece.model` through a converter that drops
-sentencepiece's byte fallback (REFERENCE §7): a character outside the pieces becomes <unk>
+sentencepiece's byte fallback: a character outside the pieces becomes <unk>
 instead of its UTF-8 bytes. So besides `spiece.model` we write `tokenizer.json` ourselves,
 straight from the model proto, in the `tokenizers` library's documented JSON format:
 
@@ -39,6 +39,7 @@ import os
 from sentencepiece import sentencepiece_model_pb2 as spm_pb2
 
 from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
+from t5lite.errors import ConfigError
 
 SPACE = "\u2581"  # '▁', sentencepiece's visible space
 Piece = spm_pb2.ModelProto.SentencePiece
@@ -58,7 +59,7 @@ def write_hf_tokenizer(vocabulary: Vocabulary, out: str, *, model_max_length: in
     files = {}
     config["tokenizer_class"] = "ByT5Tokenizer"
   else:
-    raise ValueError(f"{type(vocabulary).__name__} has no HF tokenizer equivalent")
+    raise ConfigError(f"{type(vocabulary).__name__} has no HF tokenizer equivalent")
   files["tokenizer_config.json"] = json.dumps(config, indent=2)
   files["special_tokens_map.json"] = json.dumps(
       {**SPECIAL_TOKENS, "additional_special_tokens": extras}, indent=2)
@@ -75,8 +76,8 @@ def tokenizer_json(vocabulary: SentencePieceVocabulary) -> dict:
   proto.ParseFromString(vocabulary.serialized_model)
   trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
   if not trainer.split_by_whitespace:
-    raise ValueError("sentencepiece models trained with split_by_whitespace=false have no "
-                     "tokenizer.json equivalent (HF's Metaspace always splits at spaces)")
+    raise ConfigError("sentencepiece models trained with split_by_whitespace=false have no "
+                      "tokenizer.json equivalent (HF's Metaspace always splits at spaces)")
   base = len(proto.pieces)
   extras = [(base + vocabulary.extra_ids - 1 - i, f"<extra_id_{i}>")
             for i in range(vocabulary.extra_ids)]
@@ -148,8 +149,9 @@ def _model(proto, extras: list[tuple[int, str]]) -> dict:
             "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
             "byte_fallback": trainer.byte_fallback, "ignore_merges": False, "vocab": vocab,
             "merges": _bpe_merges(proto, vocab)}
-  raise ValueError(f"sentencepiece model_type {spm_pb2.TrainerSpec.ModelType.Name(trainer.model_type)} "
-                   "has no tokenizer.json equivalent; export UNIGRAM or BPE models")
+  model_type = spm_pb2.TrainerSpec.ModelType.Name(trainer.model_type)
+  raise ConfigError(f"sentencepiece model_type {model_type} has no tokenizer.json equivalent; "
+                    "export UNIGRAM or BPE models")
 
 
 def _bpe_merges(proto, vocab: dict[str, int]) -> list[str]:

@@ -18,8 +18,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from t5lite.data.vocabularies import Vocabulary
+from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
-from t5lite.train import checkpoints, model_dir
+from t5lite.runtime import checkpoints, model_dir
 
 CAST_DTYPES = ("float32", "bfloat16")
 
@@ -50,6 +51,6 @@ def cast_params(params, dtype: str | None):
   if dtype is None:
     return params
   if dtype not in CAST_DTYPES:
-    raise ValueError(f"--dtype {dtype!r}: choose one of {CAST_DTYPES}")
+    raise ConfigError(f"--dtype {dtype!r}: choose one of {CAST_DTYPES}")
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                       params)

@@ -39,9 +39,11 @@ from flax import traverse_util
 
 from t5lite.data.vocabularies import CONFIG_FILE as VOCABULARY_FILE
 from t5lite.data.vocabularies import Vocabulary, load_vocabulary
+from t5lite.errors import ConfigError
+from t5lite.families import family_of
 from t5lite.models import decoding
 from t5lite.models.config import ModelConfig
-from t5lite.train import model_dir
+from t5lite.runtime import model_dir
 
 MANIFEST_FILE = "serving.json"
 PARAMS_FILE = "params.safetensors"
@@ -59,17 +61,19 @@ def serving_function(config: ModelConfig, method: str, *, max_decode_length: int
   """fn(params, tokens (B, L) int32) -> (B, max_decode_length) int32 ids: what
   `t5lite.generate(config, params, tokens, method=...)` computes, as one traceable function."""
   if method not in METHODS:
-    raise ValueError(f"method {method!r} is not one of {METHODS}")
+    raise ConfigError(f"method {method!r} is not one of {METHODS}")
   if method == "beam" and num_beams == 1:
     method = "greedy"  # generate's canonical form: one beam is greedy search
   settings = {"greedy": dict(temperature=0.0),
               "beam": dict(num_beams=int(num_beams), alpha=float(alpha))}[method]
 
+  # generate()'s own program, not a copy: the artifact's ids equal the live model's. It takes
+  # the params as the checkpoint stores them (and the artifact ships them): scanned layer
+  # stacks are sliced inside it.
+  run = decoding.generate_program(config, method, int(max_decode_length),
+                                  tuple(sorted(settings.items())))
+
   def generate(params, tokens):
-    decoding_config, params = decoding.decoding_model_inputs(config, params)
-    # generate()'s own jitted program, not a copy: the artifact's ids equal the live model's.
-    run = decoding.jitted_generate(decoding_config, method, int(max_decode_length),
-                                    tuple(sorted(settings.items())))
     return run(params, tokens, jax.random.key(0))  # greedy and beam draw no random numbers
   return generate
 
@@ -113,8 +117,9 @@ def export_serving(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLik
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise FileExistsError(f"{out_dir} is not empty; choose a new --out")
   config, params, step = model_dir.load_params(checkpoint_path)
-  if not config.has_decoder:
-    raise ValueError(f"a serving artifact decodes; {config.architecture} models cannot")
+  family = family_of(config)
+  if not family.decodes:
+    raise ConfigError(f"a serving artifact decodes; a {family.name!r} model cannot")
   vocabulary = _vocabulary_or_none(model_dir.model_dir_of(checkpoint_path))
   # Trace everything before writing anything: a failed export leaves no half artifact.
   exports = {method: export_function(serving_function(
@@ -152,13 +157,13 @@ def _write_artifact(out_dir: str, manifest: dict, params, exports: dict,
 def _check_settings(input_length: int, max_decode_length: int, methods: Sequence[str],
                     num_beams: int) -> None:
   if input_length < 1 or max_decode_length < 1:
-    raise ValueError(f"input_length and max_decode_length must be positive, got "
-                     f"{input_length} and {max_decode_length}")
+    raise ConfigError(f"input_length and max_decode_length must be positive, got "
+                      f"{input_length} and {max_decode_length}")
   unknown = [m for m in methods if m not in METHODS]
   if unknown or not methods or len(set(methods)) != len(methods):
-    raise ValueError(f"methods {list(methods)}: choose one or more of {METHODS}, each once")
+    raise ConfigError(f"methods {list(methods)}: choose one or more of {METHODS}, each once")
   if "beam" in methods and num_beams < 1:
-    raise ValueError(f"num_beams must be positive, got {num_beams}")
+    raise ConfigError(f"num_beams must be positive, got {num_beams}")
 
 
 def _vocabulary_or_none(directory: str) -> Vocabulary | None:

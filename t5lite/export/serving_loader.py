@@ -35,6 +35,9 @@ import safetensors.numpy
 
 MANIFEST_FILE = "serving.json"
 FORMAT = "t5lite-serving"
+# XLA:CPU options of the decoding programs (t5lite.models.decoding.CPU_COMPILER_OPTIONS: this
+# file runs without t5lite, so it keeps its own copy).
+CPU_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 PAD_ID, EOS_ID = 0, 1
 
 
@@ -65,7 +68,11 @@ class ServingModel:
     functions = {}
     for method, file_name in manifest["exports"].items():
       exported = jax.export.deserialize(bytearray((directory / file_name).read_bytes()))
-      functions[method] = jax.jit(exported.call)  # compiled once per batch size
+      # Compiled once per batch size. On the CPU with XLA's memory-optimized scheduler, as
+      # t5lite decodes: a scanned model's layer slices are then made one at a time, where
+      # they are read, instead of all at once (a second copy of the layers).
+      cpu = (device.platform if device is not None else jax.default_backend()) == "cpu"
+      functions[method] = jax.jit(exported.call, compiler_options=CPU_OPTIONS if cpu else None)
     vocabulary = None
     if manifest.get("vocabulary"):
       vocabulary = load_vocabulary(directory, manifest["vocabulary"])

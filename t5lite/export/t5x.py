@@ -37,16 +37,18 @@ from typing import Any, Callable
 import numpy as np
 from flax import traverse_util
 
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.export.t5x_files import (MAX_JSON_BYTES, T5XCheckpointError, find_checkpoint,
                                      read_target)
 from t5lite.models.config import ACTIVATIONS, ACTIVATION_ALIASES, ModelConfig
 from t5lite.models.params import abstract_params, scan_params
+from t5lite.models.transformer import CROSS_ATTENTION
 
 # T5X mlp_activations -> t5lite mlp_activation ('gelu' is flax's tanh approximation, as ours).
 ACTIVATIONS_FROM_T5X = {("relu",): "relu", ("gelu",): "gelu", ("gelu", "linear"): "gated-gelu",
                         ("silu", "linear"): "swiglu", ("swish", "linear"): "swiglu",
                         ("relu", "linear"): "reglu"}
-ATTENTIONS = ("attention", "self_attention", "encoder_decoder_attention")
+ATTENTIONS = ("attention", "self_attention", CROSS_ATTENTION)  # T5X's names are ours
 # scalable_t5's scanned layers: `encoder/layers/...`, or named like their stack (`encoder/encoder`).
 SCAN_NAMES = ("layers", "encoder")
 # scalable_t5's per-layer relative position table, in the versions of its network.py.
@@ -182,7 +184,7 @@ def _from_shapes(target: dict, scan_name: str | None,
               for s in ("encoder", "decoder")]
   else:
     layers = [_layer_count(target, s) for s in ("encoder", "decoder")]
-  values = dict(architecture="encoder_decoder", vocab_size=vocab, d_model=d_model, d_ff=d_ff,
+  values = dict(vocab_size=vocab, d_model=d_model, d_ff=d_ff,
                 num_heads=heads, d_kv=query[-1] if len(query) == 3 else query[1] // max(heads, 1),
                 num_encoder_layers=layers[0], num_decoder_layers=layers[1], norm="rms",
                 layer_norm_epsilon=1e-6, position_encoding="relative_bias",
@@ -355,7 +357,7 @@ def _load(path: str, step: int | None, hints: dict[str, Any], note=_note):
   """(config, params, step, config.gin text, the T5X model dir: the checkpoint's parent)."""
   unknown = sorted(set(hints) - {f.name for f in dataclasses.fields(ModelConfig)})
   if unknown:
-    raise ValueError(f"unknown ModelConfig fields {unknown}")
+    raise ConfigError(f"unknown ModelConfig fields {unknown}")
   ckpt_dir, step = find_checkpoint(path, step)
   target, recorded_step = read_target(ckpt_dir)
   gin_path, gin_text = _read_gin(ckpt_dir)
@@ -425,7 +427,8 @@ def _vocabulary(args, gin_text: str, model_dir: str):
     names = [n for n in (vocabularies.SPIECE_FILE, "sentencepiece.model")
              if os.path.isfile(os.path.join(source, n))]
     if not names:
-      raise FileNotFoundError(f"--vocabulary {source}: no spiece.model or sentencepiece.model")
+      raise ConfigFileNotFoundError(
+          f"--vocabulary {source}: no spiece.model or sentencepiece.model")
     source = os.path.join(source, names[0])
   return vocabularies.SentencePieceVocabulary(source, 100 if args.extra_ids is None
                                               else args.extra_ids)
@@ -460,16 +463,12 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   hints = {k: getattr(args, k) for k in ("mlp_activation", "relative_attention_max_distance")
            if getattr(args, k) is not None}
-  try:
-    config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints)
-    vocabulary = _vocabulary(args, gin_text, t5x_dir)
-    if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
-      raise ValueError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
-                       f"{config.vocab_size} embeddings (check --extra_ids)")
-    folder = write_model_dir(args.out, config, params, step=step, vocabulary=vocabulary)
-  except (OSError, ValueError) as e:  # T5XCheckpointError is a ValueError
-    print(f"t5lite import t5x: {e}", file=sys.stderr)
-    return 1
+  config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints)
+  vocabulary = _vocabulary(args, gin_text, t5x_dir)
+  if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
+    raise ConfigError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
+                      f"{config.vocab_size} embeddings (check --extra_ids)")
+  folder = write_model_dir(args.out, config, params, step=step, vocabulary=vocabulary)
   import json
   print(json.dumps({"import": "t5x", "from": os.path.abspath(args.source), "step": step,
                     "out": os.path.abspath(args.out), "checkpoint": folder,

@@ -32,6 +32,8 @@ import msgpack
 import numpy as np
 import tensorstore as ts
 
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
+
 # zarr/flax dtype names -> numpy dtypes; nothing else is a T5 parameter.
 DTYPES = {"<f4": "float32", "float32": "float32", "bfloat16": "bfloat16", "<f2": "float16",
           "float16": "float16"}
@@ -46,7 +48,7 @@ COMPRESSORS = (None, "gzip", "zlib", "zstd", "blosc", "bz2")
 PLACEHOLDER = "PLACEHOLDER://"
 
 
-class T5XCheckpointError(ValueError):
+class T5XCheckpointError(ConfigError):
   """A T5X checkpoint that cannot be read safely: the message names the file or parameter."""
 
 
@@ -62,20 +64,21 @@ def find_checkpoint(path: str, step: int | None = None) -> tuple[str, int | None
   checkpoint_N folder. N is None for a step folder not named checkpoint_N."""
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path} is not a folder")
+    raise ConfigFileNotFoundError(f"{path} is not a folder")
   if _is_step_dir(path):
     m = re.fullmatch(r"checkpoint_(\d+)", os.path.basename(path))
     if step is not None and m and int(m[1]) != step:
-      raise ValueError(f"--step {step} given, but {path} is the checkpoint of step {m[1]}")
+      raise ConfigError(f"--step {step} given, but {path} is the checkpoint of step {m[1]}")
     return path, int(m[1]) if m else step
   steps = {int(m[1]): os.path.join(path, name) for name in os.listdir(path)
            if (m := re.fullmatch(r"checkpoint_(\d+)", name))
            and _is_step_dir(os.path.join(path, name))}
   if not steps:
-    raise FileNotFoundError(f"no T5X checkpoint in {path}: expected checkpoint_N folders holding "
-                            "a 'checkpoint' file (msgpack) or a 'state' folder (orbax)")
+    raise ConfigFileNotFoundError(
+        f"no T5X checkpoint in {path}: expected checkpoint_N folders holding a 'checkpoint' "
+        "file (msgpack) or a 'state' folder (orbax)")
   if step is not None and step not in steps:
-    raise FileNotFoundError(f"{path} has no checkpoint_{step}; steps there: {sorted(steps)}")
+    raise ConfigFileNotFoundError(f"{path} has no checkpoint_{step}; steps there: {sorted(steps)}")
   step = max(steps) if step is None else step
   return steps[step], step
 

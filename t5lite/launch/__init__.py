@@ -3,7 +3,6 @@
   cluster.py      which cluster this process runs in (TPU VM pod, SLURM, JobSet, Open MPI),
                   from environment variables alone: coordinator, process count, process id
   distributed.py  jax.distributed.initialize from flags or the detected cluster, failing fast
-  preemption.py   SIGTERM as a flag, from the CLI's start to the trainer's last step
   commands.py     the per-host commands of a topology (what `t5lite launch` prints or runs)
   cli.py          `t5lite launch`
   recipes/        a TPU VM pod script, a SLURM sbatch script, a Kubernetes JobSet manifest
@@ -11,7 +10,8 @@
 
 Exit codes of `t5lite train` that schedulers act on: 0 done, 1 failed, 2 bad setup (config,
 flags, mesh, or a distributed runtime that did not come up), PREEMPTED_EXIT_CODE: stopped on
-SIGTERM after every process saved the same step; rerun the same command to resume.
+SIGTERM after every process saved the same step; rerun the same command to resume (the
+SIGTERM flag itself is t5lite/runtime/preemption.py, which the trainer shares).
 """
 
 PREEMPTED_EXIT_CODE = 42

@@ -28,6 +28,8 @@ import dataclasses
 import re
 from typing import Mapping
 
+from t5lite.errors import ConfigError
+
 # JAX's own choice for TPU pods; one fixed port elsewhere (each pod or VM has its own address).
 TPU_COORDINATOR_PORT = 8482
 DEFAULT_COORDINATOR_PORT = 8476
@@ -72,7 +74,7 @@ class Cluster:
             f"{self.coordinator_address}")
 
 
-class ClusterEnvError(ValueError):
+class ClusterEnvError(ConfigError):
   """A cluster environment that is detected but inconsistent (the message says what to fix)."""
 
 

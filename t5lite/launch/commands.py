@@ -23,6 +23,7 @@ import shlex
 import string
 import textwrap
 
+from t5lite.errors import ConfigError
 from t5lite.launch import PREEMPTED_EXIT_CODE
 from t5lite.launch.cluster import DEFAULT_COORDINATOR_PORT, TPU_COORDINATOR_PORT
 
@@ -60,9 +61,9 @@ class Topology:
 
   def __post_init__(self):
     if self.kind not in KINDS:
-      raise ValueError(f"unknown launch kind {self.kind!r}; one of {', '.join(KINDS)}")
+      raise ConfigError(f"unknown launch kind {self.kind!r}; one of {', '.join(KINDS)}")
     if self.num_hosts < 1 or self.devices_per_host < 1:
-      raise ValueError("--num_hosts and --devices_per_host must be >= 1")
+      raise ConfigError("--num_hosts and --devices_per_host must be >= 1")
 
   @property
   def host_names(self) -> tuple[str, ...]:
@@ -160,7 +161,7 @@ def _tpu_vm_plan(topology: Topology, verb: str, flags: list[str]) -> Plan:
 
 def _slurm_plan(topology: Topology, verb: str, flags: list[str]) -> Plan:
   if verb != "train":
-    raise ValueError("the SLURM recipe runs `t5lite train`; use --kind=ssh for other verbs")
+    raise ConfigError("the SLURM recipe runs `t5lite train`; use --kind=ssh for other verbs")
   submit = ["sbatch", f"--job-name={topology.name}", f"--nodes={topology.num_hosts}",
             "--ntasks-per-node=1", f"--gpus-per-node={topology.devices_per_host}",
             str(RECIPES / "slurm_gpu.sbatch"), *flags]
@@ -195,7 +196,7 @@ def make_plan(topology: Topology, args: list[str] | tuple[str, ...]) -> Plan:
   taken = [f for f in flags if f.split("=")[0] in ("--coordinator_address", "--num_processes",
                                                    "--process_id")]
   if taken:
-    raise ValueError(f"t5lite launch sets the multi-host flags itself; drop {', '.join(taken)}")
+    raise ConfigError(f"t5lite launch sets the multi-host flags itself; drop {', '.join(taken)}")
   return PLANNERS[topology.kind](topology, verb, flags)
 
 

@@ -30,14 +30,15 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from t5lite.errors import ConfigError
 from t5lite.launch.cluster import Cluster, detect, tpu_vm_present
 
 DEFAULT_TIMEOUT = 300
 SETUP_EXIT_CODE = 2  # the CLI's code for a bad setup
 
 
-class DistributedSetupError(ValueError):
-  """The job could not form; the message says what to check (a ValueError: a bad setup)."""
+class DistributedSetupError(ConfigError):
+  """The job could not form; the message says what to check (a ConfigError: a bad setup)."""
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

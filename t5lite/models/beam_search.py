@@ -20,14 +20,13 @@ attention.fold_rows_into_queries), so they are never gathered.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-if TYPE_CHECKING:  # decoding.py imports this module
-  from t5lite.models.decoding import Prefill
+from t5lite.models.decoding_types import EOS_ID, Prefill
 
 NEG_INF = -1.0e7  # T5X's "effective -inf": finite, so sums and comparisons stay well defined
 CROSS_ATTENTION = "encoder_decoder_attention"  # DecoderLayer's cross-attention module name
@@ -121,8 +120,8 @@ def _update(state: BeamState, logits: jax.Array, cache: Any, alpha: float,
                    _take(all_seqs, best), _take(all_flags, best), gather_cache_rows(cache, rows))
 
 
-def beam_search(prefill: "Prefill", *, num_beams: int, max_decode_length: int,
-                alpha: float = 0.6, eos_id: int = 1) -> tuple[jax.Array, jax.Array]:
+def beam_search(prefill: Prefill, *, num_beams: int, max_decode_length: int,
+                alpha: float = 0.6, eos_id: int = EOS_ID) -> tuple[jax.Array, jax.Array]:
   """Beam search from a prefill over B*num_beams rows (each example's rows consecutive, e.g.
   `start(..., copies=num_beams)`). Returns (B, K, max_decode_length) sequences, best first,
   0 after EOS, and their (B, K) scores (length-normalized for finished hypotheses, raw

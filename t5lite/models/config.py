@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from t5lite.errors import ConfigError
+
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 # Gated activations multiply act(x @ wi_0) by (x @ wi_1); the others use one input kernel `wi`.
 GATED_ACTIVATIONS = ("gated-gelu", "swiglu", "reglu")
@@ -27,7 +29,11 @@ class ModelConfig:
   """Architecture and numerics of a model. Defaults are T5 v1.1 small."""
 
   architecture: str = "encoder_decoder"
-  """'encoder_decoder' (T5), 'decoder_only' (causal or prefix LM) or 'encoder_only' (MLM)."""
+  """The network's stacks: 'encoder_decoder' (T5), 'decoder_only' (causal or prefix LM) or
+  'encoder_only' (MLM)."""
+  family: str = ""
+  """The model family (t5lite.families) that builds, trains, decodes and exports this model:
+  its converter, loss, heads and HF mapping. Empty: the family named like the architecture."""
   vocab_size: int = 32128
   """Rows of the embedding table (T5: 32100 ids padded to a multiple of 128)."""
   d_model: int = 512
@@ -84,21 +90,26 @@ class ModelConfig:
                            ("param_dtype", DTYPES)):
       value = getattr(self, field)
       if value not in allowed:
-        raise ValueError(f"ModelConfig.{field}={value!r} is not one of {allowed}")
+        raise ConfigError(f"ModelConfig.{field}={value!r} is not one of {allowed}")
     for field in ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv",
                   "relative_attention_num_buckets", "max_position_embeddings"):
       if getattr(self, field) < 1:
-        raise ValueError(f"ModelConfig.{field} must be positive, got {getattr(self, field)}")
+        raise ConfigError(f"ModelConfig.{field} must be positive, got {getattr(self, field)}")
     if self.has_encoder and self.num_encoder_layers < 1:
-      raise ValueError(f"{self.architecture} needs num_encoder_layers >= 1")
+      raise ConfigError(f"{self.architecture} needs num_encoder_layers >= 1")
     if self.has_decoder and self.num_decoder_layers < 1:
-      raise ValueError(f"{self.architecture} needs num_decoder_layers >= 1")
+      raise ConfigError(f"{self.architecture} needs num_decoder_layers >= 1")
     if self.prefix_lm and self.architecture != "decoder_only":
-      raise ValueError("ModelConfig.prefix_lm applies to architecture='decoder_only' only")
+      raise ConfigError("ModelConfig.prefix_lm applies to architecture='decoder_only' only")
     if self.position_encoding == "rope" and self.d_kv % 2:
-      raise ValueError(f"rope needs an even d_kv, got {self.d_kv}")
+      raise ConfigError(f"rope needs an even d_kv, got {self.d_kv}")
     if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+      raise ConfigError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+  @property
+  def family_name(self) -> str:
+    """The registered family this config belongs to (t5lite.families.family_of looks it up)."""
+    return self.family or self.architecture
 
   @property
   def has_encoder(self) -> bool:
@@ -131,7 +142,7 @@ class ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
+      raise ConfigError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
     return cls(**values)
 
   def to_json(self) -> str:

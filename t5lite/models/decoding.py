@@ -20,6 +20,11 @@ Design
     masked until overwritten.
   * Output: (B, max_decode_length) int32 generated tokens without the start token, the EOS
     included (HF `generate` output with the start token stripped), 0 after EOS.
+  * Params go in as stored, scanned or not. Decoding runs unscanned layers (the cache is per
+    layer): every program slices the scanned stacks itself (`layer_params`), next to each use,
+    and on CPU compiles with XLA's memory-optimized scheduler, which makes each slice just
+    before it is read and frees it after. Slicing outside jit would hold a second copy of
+    every layer for the whole call (`t5lite bench decode --memory` measures both).
 
 Everything is plain jnp under jax.jit without device assumptions: call it inside a mesh with
 sharded params and it runs there.
@@ -27,40 +32,50 @@ sharded params and it runs there.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite.errors import ConfigError
+from t5lite.models.beam_search import beam_search
 from t5lite.models.config import ModelConfig
+from t5lite.models.decoding_types import EOS_ID, PAD_ID, Prefill
 from t5lite.models.network import make_model
 from t5lite.models.params import Params, unscan_params
 
-PAD_ID = 0  # also the decoder start / BOS token
-EOS_ID = 1
 METHODS = ("greedy", "sample", "beam")
-
-# step(cache, tokens (B,), positions (B,)) -> (next-token logits (B, V), cache)
-StepFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
-
-
-class Prefill(NamedTuple):
-  """The decoder after its prompt: what every decoding loop starts from."""
-  logits: jax.Array     # (B, V) float32: the distribution of the first output token
-  cache: Any            # the 'cache' collection after the prompt
-  positions: jax.Array  # (B,) int32: position of the first output token
-  step: StepFn
+# XLA:CPU's default scheduler starts every op as early as its inputs allow: all the layer
+# slices of a program (or of a loop step) at its top, alive together, a full copy of the
+# layers. This one orders them by their use.
+CPU_COMPILER_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
-def decoding_model_inputs(config: ModelConfig, params: Params) -> tuple[ModelConfig, Params]:
-  """(config, params) as decoding runs them: unscanned layers (the cache is per layer), no
-  remat, no dropout. Scanned params are sliced per layer (inside jit: no copies kept)."""
+def decoding_config(config: ModelConfig) -> ModelConfig:
+  """The config decoding runs: unscanned layers (the cache is per layer), no remat, no dropout.
+  Its programs still take the params of `config` as stored (see `layer_params`)."""
   if config.has_encoder and not config.has_decoder:
-    raise ValueError("decoding needs a decoder: got an encoder_only config")
-  if config.scan_layers:
-    params = unscan_params(params)
-  return config.replace(scan_layers=False, remat_policy="none", dropout_rate=0.0), params
+    raise ConfigError("decoding needs a decoder: got an encoder_only config")
+  return config.replace(scan_layers=False, remat_policy="none", dropout_rate=0.0)
+
+
+def layer_params(params: Params) -> Params:
+  """params with one entry per layer (layers_0, layers_1, ...), as the decoding config's
+  modules read them; scanned stacks are sliced, unscanned params pass as they are.
+
+  Call under jit, right where the params are applied (in each decoder step, not once before a
+  loop): XLA then slices next to each read, while slices made outside jit (or carried into a
+  loop) are a second copy of every layer for the whole call.
+  """
+  return unscan_params(params)
+
+
+def _jit(fn: Callable) -> Callable:
+  """jax.jit for a decoding program: on CPU with CPU_COMPILER_OPTIONS, so that its layer
+  slices are made one by one where they are read (measured no slower than the default)."""
+  cpu = jax.default_backend() == "cpu"
+  return jax.jit(fn, compiler_options=CPU_COMPILER_OPTIONS if cpu else None)
 
 
 def prompt_lengths(tokens: jax.Array) -> jax.Array:
@@ -72,23 +87,29 @@ def prompt_lengths(tokens: jax.Array) -> jax.Array:
 def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_length: int,
           copies: int = 1) -> Prefill:
   """Encoder (once) and prefill for inputs (B, L); every row repeated `copies` times
-  (consecutively: rows b*copies .. b*copies + copies - 1, for beam search). Call under jit."""
+  (consecutively: rows b*copies .. b*copies + copies - 1, for beam search). config and params
+  are the model's as stored (scanned or not): each apply slices the layers it reads, the
+  returned `step` too, so that a loop over `step` slices in its body. Call under jit."""
+  config = decoding_config(config)
   inputs = inputs.astype(jnp.int32)
   longest = max_decode_length + (0 if config.has_encoder else inputs.shape[1] + 1)
   if config.position_encoding == "learned" and longest > config.max_position_embeddings:
-    raise ValueError(f"decoding reaches position {longest - 1}, past the learned position "
-                     f"table of {config.max_position_embeddings}")
+    raise ConfigError(f"decoding reaches position {longest - 1}, past the learned position "
+                      f"table of {config.max_position_embeddings}")
   if config.architecture == "encoder_decoder":
     model = make_model(config, cache_length=max_decode_length)
     encoder_segment_ids = (inputs > 0).astype(jnp.int32)  # the encoder masks padding, as T5X
-    encoded = model.apply({"params": params}, inputs, encoder_segment_ids, method="encode")
+    encoded = model.apply({"params": layer_params(params)}, inputs, encoder_segment_ids,
+                          method="encode")
     batch = encoded.shape[0] * copies
     # Encoded once per example: cross-attention keeps one K/V cache row per example and
     # folds the example's `copies` decoder rows into its query axis. The mask is per row.
     encoder_segment_ids = jnp.repeat(encoder_segment_ids, copies, axis=0)  # (B*copies, L)
 
     def step(cache, tokens, positions):
-      variables = {"params": params} if cache is None else {"params": params, "cache": cache}
+      variables = {"params": layer_params(params)}
+      if cache is not None:
+        variables["cache"] = cache
       logits, mutated = model.apply(variables, encoded, encoder_segment_ids, tokens[:, None],
                                     None, positions[:, None], method="decode", mutable=["cache"])
       return logits[:, 0].astype(jnp.float32), mutated["cache"]
@@ -104,16 +125,16 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
   causal = (positions < lengths[:, None]).astype(jnp.int32) if config.prefix_lm else None
   # Logits only after each row's last prompt token (later positions saw padding).
-  logits, mutated = model.apply({"params": params}, tokens, None, positions, causal,
-                                logits_at=lengths - 1, mutable=["cache"])  # (B, 1, V)
+  logits, mutated = model.apply({"params": layer_params(params)}, tokens, None, positions,
+                                causal, logits_at=lengths - 1, mutable=["cache"])  # (B, 1, V)
   logits, cache = logits[:, 0], mutated["cache"]
   if copies > 1:  # the prompt runs once per example; its copies start from the same cache
     logits, cache, lengths = jax.tree_util.tree_map(
         lambda x: jnp.repeat(x, copies, axis=0), (logits, cache, lengths))
 
   def step(cache, tokens, positions):
-    logits, mutated = model.apply({"params": params, "cache": cache}, tokens[:, None], None,
-                                  positions[:, None], mutable=["cache"])
+    logits, mutated = model.apply({"params": layer_params(params), "cache": cache},
+                                  tokens[:, None], None, positions[:, None], mutable=["cache"])
     return logits[:, 0].astype(jnp.float32), mutated["cache"]
 
   return Prefill(logits.astype(jnp.float32), cache, lengths, step)
@@ -182,14 +203,15 @@ def teacher_forced_logits(config: ModelConfig, params: Params, encoder_input_tok
   """Logits (B, T, V) for target_tokens (B, T) fed one position at a time through the cache:
   what decoding sees when it produces exactly these targets (a check of the cache against
   the full forward pass, and a cheap way to score candidates token by token)."""
-  config, params = decoding_model_inputs(config, params)
   return to_host(_jitted_teacher_forced(config)(
       params, jnp.asarray(encoder_input_tokens, jnp.int32), jnp.asarray(target_tokens, jnp.int32)))
 
 
 @functools.lru_cache(maxsize=16)
 def _jitted_teacher_forced(config: ModelConfig):
-  @jax.jit
+  decoding_config(config)  # an encoder-only config fails here, before tracing
+
+  @_jit
   def run(params, inputs, targets):
     prefill = start(config, params, inputs, targets.shape[1])
 
@@ -237,14 +259,14 @@ def generate(config: ModelConfig, params: Params, encoder_input_tokens, *,
   ((5 + len) / 6) ** alpha; one beam is greedy search, as in HF).
   """
   if method not in METHODS:
-    raise ValueError(f"method={method!r} is not one of {METHODS}")
+    raise ConfigError(f"method={method!r} is not one of {METHODS}")
   if max_decode_length < 1:
-    raise ValueError(f"max_decode_length must be positive, got {max_decode_length}")
+    raise ConfigError(f"max_decode_length must be positive, got {max_decode_length}")
   if method == "beam" and num_beams < 1:
-    raise ValueError(f"num_beams must be positive, got {num_beams}")
+    raise ConfigError(f"num_beams must be positive, got {num_beams}")
   if method == "sample" and (temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0):
-    raise ValueError(f"sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1; got "
-                     f"{temperature}, {top_k}, {top_p}")
+    raise ConfigError(f"sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1; got "
+                      f"{temperature}, {top_k}, {top_p}")
   tokens = _check_tokens(encoder_input_tokens, "encoder_input_tokens")
   # Canonical settings: one compiled program per distinct behaviour.
   if (method == "sample" and temperature == 0.0) or (method == "beam" and num_beams == 1):
@@ -253,7 +275,6 @@ def generate(config: ModelConfig, params: Params, encoder_input_tokens, *,
               "sample": dict(temperature=float(temperature), top_k=int(top_k),
                              top_p=float(top_p)),
               "beam": dict(num_beams=int(num_beams), alpha=float(alpha))}[method]
-  config, params = decoding_model_inputs(config, params)
   run = jitted_generate(config, method, int(max_decode_length), tuple(sorted(settings.items())))
   return to_host(run(params, tokens, jax.random.key(seed)))
 
@@ -261,12 +282,20 @@ def generate(config: ModelConfig, params: Params, encoder_input_tokens, *,
 @functools.lru_cache(maxsize=32)
 def jitted_generate(config: ModelConfig, method: str, max_decode_length: int,
                      settings: tuple):
-  """The jitted fn(params, tokens, rng) -> ids behind `generate` (settings: sorted (name,
-  value) pairs), cached per argument set; the serving export traces this same program."""
-  from t5lite.models.beam_search import beam_search  # it imports this module's types
+  """`generate_program` jitted (with CPU_COMPILER_OPTIONS on CPU): the fn(params, tokens, rng)
+  -> ids behind `generate`, cached per argument set."""
+  return _jit(generate_program(config, method, max_decode_length, settings))
+
+
+def generate_program(config: ModelConfig, method: str, max_decode_length: int,
+                     settings: tuple) -> Callable:
+  """The traceable fn(params, tokens, rng) -> ids that `generate` runs (settings: sorted (name,
+  value) pairs). config is the model's own (scan_layers as trained): fn takes the params as
+  stored. The serving export traces this same function under its own jit, where JAX refuses
+  a nested jit's compiler options."""
+  decoding_config(config)  # an encoder-only config fails here, before tracing
   settings = dict(settings)
 
-  @jax.jit
   def run(params, tokens, rng):
     if method == "beam":
       prefill = start(config, params, tokens, max_decode_length, copies=settings["num_beams"])
@@ -290,16 +319,17 @@ def score(config: ModelConfig, params: Params, encoder_input_tokens, target_toke
   targets = _check_tokens(target_tokens, "target_tokens")
   if inputs.shape[0] != targets.shape[0]:
     raise ValueError(f"batch sizes differ: {inputs.shape} vs {targets.shape}")
-  config, params = decoding_model_inputs(config, params)
   return to_host(_jitted_score(config)(params, inputs, targets))
 
 
 @functools.lru_cache(maxsize=16)
 def _jitted_score(config: ModelConfig):
+  config = decoding_config(config)
   model = make_model(config)
 
-  @jax.jit
+  @_jit
   def run(params, inputs, targets):
+    params = layer_params(params)  # one pass, no loop: each slice is made next to its read
     if config.architecture == "encoder_decoder":
       decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shifted right, 0 first
       logits = model.apply({"params": params}, inputs, decoder_inputs)  # (B, T, V)

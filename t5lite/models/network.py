@@ -29,6 +29,10 @@ def _decoder_defaults(tokens, segment_ids, positions):
 
 
 class _Model(nn.Module):
+  """Base of the three networks. Each says which batch features its __call__ takes (INPUTS,
+  T5X's names) and the smallest inputs that fix every parameter shape (dummy_inputs: length
+  1, since no parameter depends on the length)."""
+  INPUTS = ()
   config: ModelConfig
   deterministic: bool = True
   """False enables dropout (then apply needs a 'dropout' rng)."""
@@ -46,6 +50,13 @@ class _Model(nn.Module):
 
 class EncoderDecoder(_Model):
   """T5: encoder over inputs, decoder over shifted targets. Returns logits (B, T, V)."""
+  INPUTS = ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
+            "decoder_segment_ids", "encoder_positions", "decoder_positions")
+
+  @staticmethod
+  def dummy_inputs(config):
+    tokens = jnp.ones((1, 1), jnp.int32)
+    return {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
 
   def setup(self):
     self.token_embedder = self._embedder()
@@ -74,6 +85,14 @@ class EncoderDecoder(_Model):
 class DecoderOnly(_Model):
   """GPT-style LM; with config.prefix_lm, `decoder_causal_attention` (1 on the prefix)
   makes the prefix bidirectional. Returns logits (B, L, V), or (B, 1, V) at logits_at (B,)."""
+  INPUTS = ("decoder_input_tokens", "decoder_segment_ids", "decoder_positions",
+            "decoder_causal_attention")
+
+  @staticmethod
+  def dummy_inputs(config):
+    tokens = jnp.ones((1, 1), jnp.int32)
+    extra = {"decoder_causal_attention": tokens} if config.prefix_lm else {}
+    return {"decoder_input_tokens": tokens, **extra}
 
   def setup(self):
     self.token_embedder = self._embedder()
@@ -95,6 +114,11 @@ class DecoderOnly(_Model):
 
 class EncoderOnly(_Model):
   """BERT-style encoder with an MLM head (dense, activation, norm, vocab projection)."""
+  INPUTS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+
+  @staticmethod
+  def dummy_inputs(config):
+    return {"encoder_input_tokens": jnp.ones((1, 1), jnp.int32)}
 
   def setup(self):
     cfg = self.config
@@ -116,16 +140,6 @@ MODEL_CLASSES = {
     "encoder_only": EncoderOnly,
 }
 
-# Input features each family takes, in T5X's names (a converted batch may carry more).
-MODEL_INPUTS = {
-    "encoder_decoder": ("encoder_input_tokens", "decoder_input_tokens", "encoder_segment_ids",
-                        "decoder_segment_ids", "encoder_positions", "decoder_positions"),
-    "decoder_only": ("decoder_input_tokens", "decoder_segment_ids", "decoder_positions",
-                     "decoder_causal_attention"),
-    "encoder_only": ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions"),
-}
-
-
 def make_model(config: ModelConfig, *, enable_dropout: bool = False,
                cache_length: int = 0) -> nn.Module:
   """The Flax module for a config; params depend on neither enable_dropout nor cache_length
@@ -136,4 +150,4 @@ def make_model(config: ModelConfig, *, enable_dropout: bool = False,
 
 def model_inputs(config: ModelConfig, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """The subset of a converted batch that the model's __call__ takes."""
-  return {k: batch[k] for k in MODEL_INPUTS[config.architecture] if k in batch}
+  return {k: batch[k] for k in MODEL_CLASSES[config.architecture].INPUTS if k in batch}

@@ -17,20 +17,15 @@ from t5lite.models.network import make_model
 Params = Any  # a nested dict of arrays, as Flax returns under 'params'
 
 
-def _dummy_inputs(config: ModelConfig) -> dict[str, jax.Array]:
-  """The smallest inputs that fix every parameter shape (length 1 does: no param depends on it)."""
-  tokens = jnp.ones((1, 1), jnp.int32)
-  if config.architecture == "encoder_decoder":
-    return {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
-  if config.architecture == "decoder_only":
-    extra = {"decoder_causal_attention": tokens} if config.prefix_lm else {}
-    return {"decoder_input_tokens": tokens, **extra}
-  return {"encoder_input_tokens": tokens}
+def init_boxed(module: nn.Module, inputs: dict[str, jax.Array], rng: jax.Array):
+  """module.init's params, still wrapped in nn.LogicallyPartitioned boxes that carry axis
+  names (nn.unbox strips them, nn.get_partition_spec reads them)."""
+  return module.init({"params": rng}, **inputs)["params"]
 
 
 def _init_boxed(config: ModelConfig, rng: jax.Array):
-  """Params still wrapped in nn.LogicallyPartitioned boxes that carry axis names."""
-  return make_model(config).init({"params": rng}, **_dummy_inputs(config))["params"]
+  model = make_model(config)
+  return init_boxed(model, type(model).dummy_inputs(config), rng)
 
 
 def init_params(config: ModelConfig, rng: jax.Array | int = 0) -> Params:

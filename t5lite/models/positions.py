@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
 
 
@@ -89,8 +90,8 @@ class LearnedPositionEmbedding(nn.Module):
   def __call__(self, positions: jax.Array) -> jax.Array:
     cfg = self.config
     if positions.shape[-1] > cfg.max_position_embeddings:
-      raise ValueError(f"sequence length {positions.shape[-1]} exceeds max_position_embeddings="
-                       f"{cfg.max_position_embeddings} of the learned position table")
+      raise ConfigError(f"sequence length {positions.shape[-1]} exceeds max_position_embeddings="
+                        f"{cfg.max_position_embeddings} of the learned position table")
     init = nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed"))
     table = self.param("embedding", init, (cfg.max_position_embeddings, cfg.d_model),
                        cfg.storage_dtype)

@@ -22,6 +22,9 @@ from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
                                      sinusoidal_embedding)
 
+CROSS_ATTENTION = "encoder_decoder_attention"
+"""Name of a decoder layer's cross-attention module (and of its params)."""
+
 REMAT_POLICIES: dict[str, Callable | None] = {
     "full": None,  # save nothing: recompute the whole layer in the backward pass
     "dots": jax.checkpoint_policies.checkpoint_dots,
@@ -71,7 +74,7 @@ class DecoderLayer(nn.Module):
     # No rotary in cross-attention: query and key positions live in different sequences.
     y = MultiHeadAttention(cfg, self.deterministic, rotary=False,
                            cache="cross" if decoding else None,
-                           name="encoder_decoder_attention")(y, encoded, cross_bias)
+                           name=CROSS_ATTENTION)(y, encoded, cross_bias)
     x = x + drop(y)
     y = Mlp(cfg, self.deterministic, name="mlp")(Norm(cfg, name="pre_mlp_layer_norm")(x))
     x = nn.with_logical_constraint(x + drop(y), BATCH_LENGTH_EMBED)

@@ -1,9 +1,9 @@
 """The data iterator's state as one global JSON object, whatever the number of processes.
 
 Each process's BatchIterator holds the grain states of the batch rows it computes. A
-checkpoint must hold every row (DESIGN.md: a run resumes on another topology without
-repeating or skipping examples), so with several processes the per-process states are
-gathered and merged; the primary process's copy is what orbax writes.
+checkpoint must hold every row (a run resumes on another topology without repeating or
+skipping examples: see t5lite/data/pipeline.py), so with several processes the per-process
+states are gathered and merged; the primary process's copy is what orbax writes.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Evaluation inside a training run: eval loss and token accuracy on each task's eval split,
-inference evals with the tasks' own metrics, and the best checkpoint by one of them.
+and inference evals with the tasks' own metrics (t5lite.train.actions.Evaluate runs them).
 
 All of it reads `trainer` (t5lite.train.trainer.Trainer) for the model, mesh and run config.
 """
@@ -15,9 +15,8 @@ import numpy as np
 
 from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import TaskEvaluator
-from t5lite.train import model_dir as model_dir_lib
-from t5lite.train import partitioning as part
-from t5lite.train.processes import all_flags
+from t5lite.runtime import partitioning as part
+from t5lite.runtime.processes import all_flags
 
 Tree = Any
 
@@ -25,10 +24,6 @@ Tree = Any
 def eval_tasks(name: str, split: str) -> list:
   """The run's tasks that have `split` (or take any split)."""
   return [t for t in tasks_of(name) if not t.splits or split in t.splits]
-
-
-def host_scalars(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
-  return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
 
 
 def evaluate(trainer, params: Tree) -> dict[str, float]:
@@ -45,8 +40,8 @@ def evaluate(trainer, params: Tree) -> dict[str, float]:
     totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
     count = 0
     for count, host_batch in enumerate(same_count_of_batches(batches, config.eval_steps), 1):
-      sums = host_scalars(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
-      totals = {k: totals[k] + sums[k] for k in totals}
+      sums = jax.device_get(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
+      totals = {k: totals[k] + float(sums[k]) for k in totals}
     if not count:  # no figure rather than a loss of 0
       if jax.process_index() == 0:
         print(f"t5lite: eval of {task.name!r} skipped: no {config.eval_split} rows on some "
@@ -115,39 +110,3 @@ def infer_evaluate(trainer, params: Tree, step: int,
         for record in result.predictions:
           f.write(json.dumps(record, ensure_ascii=False) + "\n")
   return out
-
-
-class BestCheckpoint:
-  """Tracks CheckpointConfig.best_metric over inference evals; MODEL_DIR/best_checkpoint.json
-  names the best step so far (orbax keeps that checkpoint)."""
-
-  FILE = "best_checkpoint.json"
-
-  def __init__(self, config, is_primary: bool):
-    self.metric, self.mode = config.checkpoint.best_metric, config.checkpoint.best_mode
-    self.path = os.path.join(config.model_dir, self.FILE)
-    self.is_primary = is_primary
-    self.value = None
-    if self.metric and os.path.isfile(self.path):  # a resumed run keeps its best so far
-      with open(self.path, encoding="utf-8") as f:
-        saved = json.load(f)
-      if saved.get("metric") == self.metric:
-        self.value = saved["value"]
-
-  def update(self, step: int, result: Any) -> bool:
-    """True when this step's eval has the metric (so the checkpoint is ranked and saved)."""
-    if not self.metric:
-      return False
-    value = result.eval_metrics.get(self.metric)
-    if value is None:
-      known = sorted(result.eval_metrics)
-      raise ValueError(f"CheckpointConfig.best_metric={self.metric!r} is not among the eval "
-                       f"metrics {known}")
-    better = self.value is None or (value > self.value if self.mode == "max"
-                                    else value < self.value)
-    if better:
-      self.value = value
-      if self.is_primary:
-        model_dir_lib.write_json(self.path, {"step": step, "metric": self.metric,
-                                             "value": value})
-    return True

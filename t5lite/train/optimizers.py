@@ -2,6 +2,7 @@
 
     tx = make_optimizer(OptimizerConfig(), param_logical_axes(model_config))
     opt_state = tx.init(params)
+    state_axes = tx.state_axes(params)     # logical PartitionSpecs shaped like opt_state
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
 
@@ -35,8 +36,16 @@ min_dim_size_to_factor test, so its scanned and unscanned runs factor small kern
 Here the test applies per layer either way, so scanning never changes the optimizer.
 
 The state keeps T5X's layout (v_row, v_col, v, m trees shaped like the params, (1,) placeholders
-where a statistic is unused, float32), and every statistic sits at its param's path, so
-t5lite.train.partitioning.state_shardings shards it like its param.
+where a statistic is unused, float32).
+
+Sharding the state. Every optimizer made here is an `Optimizer`: an optax transformation that
+also declares the logical axes of its state, as T5X's optimizers do (derive_logical_axes).
+Adafactor's v_row keeps the param's axes minus the column dims it factored, v_col minus the row
+dims, both taken from `factored_dims`, the same rule the update uses; shapes alone cannot tell
+which dim of a square kernel was reduced. optax's states (AdamW's mu / nu, counts, masks,
+global-norm clipping) are declared through optax.tree_map_params. Counts and (1,) placeholders
+get P(). t5lite.runtime.partitioning.state_shardings maps the declared names with the params'
+logical rules.
 """
 from __future__ import annotations
 
@@ -51,6 +60,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
+from t5lite.errors import ConfigError
 from t5lite.train.schedules import ScheduleConfig, make_schedule
 
 Tree = Any
@@ -104,26 +114,42 @@ class OptimizerConfig:
 
   def __post_init__(self):
     if self.name not in OPTIMIZERS:
-      raise ValueError(f"OptimizerConfig.name={self.name!r} is not one of {OPTIMIZERS}")
+      raise ConfigError(f"OptimizerConfig.name={self.name!r} is not one of {OPTIMIZERS}")
     if self.global_norm_clip is not None and self.global_norm_clip <= 0:
-      raise ValueError(f"global_norm_clip must be positive or None, got {self.global_norm_clip}")
+      raise ConfigError(f"global_norm_clip must be positive or None, got {self.global_norm_clip}")
     if self.clipping_threshold is not None and self.clipping_threshold <= 0:
-      raise ValueError(f"clipping_threshold must be positive or None, got "
-                       f"{self.clipping_threshold}")
+      raise ConfigError(f"clipping_threshold must be positive or None, got "
+                        f"{self.clipping_threshold}")
     if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
-      raise ValueError(f"momentum must be in [0, 1) or None, got {self.momentum}")
+      raise ConfigError(f"momentum must be in [0, 1) or None, got {self.momentum}")
 
   def replace(self, **changes) -> "OptimizerConfig":
     return dataclasses.replace(self, **changes)
 
 
-def make_optimizer(config: OptimizerConfig, param_axes: Tree) -> optax.GradientTransformation:
+class Optimizer(NamedTuple):
+  """An optax GradientTransformation that also declares the logical axes of its state.
+
+  Only the optimizer knows for sure what each dim of its state is (which dims Adafactor reduced
+  away, which subtrees mirror the params), so it says so, and sharding never has to guess.
+  init / update are used as any optax transformation's (optax.chain accepts it too).
+  """
+
+  init: Callable[[Tree], Tree]
+  update: Callable[..., tuple[Tree, Tree]]
+  state_axes: Callable[[Tree], Tree]
+  """params (arrays or jax.ShapeDtypeStructs) -> PartitionSpecs over logical axis names, in a
+  tree shaped exactly like init(params); P() for counts, hyperparameters and placeholders."""
+
+
+def make_optimizer(config: OptimizerConfig, param_axes: Tree) -> Optimizer:
   """The optimizer for params whose logical specs are `param_axes`.
 
   param_axes: t5lite.models.param_logical_axes(model_config), a params tree of PartitionSpecs;
-  it tells Adafactor which leaves are layer stacks and which dims to factor, and AdamW which
-  leaves to decay. The state is always (global-norm clip, optimizer), with optax.identity()
-  when clipping is off, so switching clipping on for a resumed run keeps the state structure.
+  it tells Adafactor which leaves are layer stacks and which dims to factor, AdamW which
+  leaves to decay, and both the axes of their state. The state is always (global-norm clip,
+  optimizer), with optax.identity() when clipping is off, so switching clipping on for a
+  resumed run keeps the state structure.
   """
   schedule = make_schedule(config.schedule)
   if config.name == "adafactor":
@@ -134,11 +160,56 @@ def make_optimizer(config: OptimizerConfig, param_axes: Tree) -> optax.GradientT
                      epsilon1=config.epsilon1, epsilon2=config.epsilon2,
                      momentum=config.momentum)
   else:
-    core = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                       weight_decay=config.weight_decay, mask=weight_decay_mask(param_axes))
+    core = declared(optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                                weight_decay=config.weight_decay,
+                                mask=weight_decay_mask(param_axes)), param_axes)
   clip = (optax.identity() if config.global_norm_clip is None
           else optax.clip_by_global_norm(config.global_norm_clip))
-  return optax.chain(clip, core)
+  return chain(declared(clip, param_axes), core)
+
+
+def declared(tx: optax.GradientTransformation, param_axes: Tree | None) -> Optimizer:
+  """An optax transformation whose state axes follow from optax.tree_map_params.
+
+  tree_map_params finds the subtrees of the state that mirror the params (Adam's mu and nu);
+  they get the params' axes, every other leaf (counts, injected hyperparameters) P(). Masked
+  states' MaskedNodes stay as they are. Only for states whose statistics keep the params'
+  shapes: Adafactor declares its own (see `adafactor`).
+  """
+  def state_axes(params):
+    is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    return optax.tree_map_params(
+        tx, lambda value, spec: value if is_masked(value) else spec,
+        jax.eval_shape(tx.init, params), _axes_tree(params, param_axes),
+        transform_non_params=lambda _: P(), is_leaf=is_masked)
+  return Optimizer(tx.init, tx.update, state_axes)
+
+
+def chain(*stages: Optimizer) -> Optimizer:
+  """optax.chain of declared stages: its state is the tuple of theirs, and so are its axes."""
+  tx = optax.chain(*stages)
+  return Optimizer(tx.init, tx.update,
+                   lambda params: tuple(stage.state_axes(params) for stage in stages))
+
+
+def trainable_only(optimizer: Optimizer, mask: Tree) -> Optimizer:
+  """`optimizer` on the params where `mask` is True; the others get zero updates and no state.
+
+  `optimizer` itself when every param trains. optax.multi_transform does the work; its state
+  ({'train': masked state of `optimizer`, 'frozen': empty}) is declared here, since optax cannot
+  say what `optimizer`'s own state looks like.
+  """
+  if all(jax.tree.leaves(mask)):
+    return optimizer
+  labels = jax.tree.map(lambda trainable: "train" if trainable else "frozen", mask)
+  tx = optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+  def state_axes(params):
+    trained = jax.tree.map(lambda keep, p: p if keep else optax.MaskedNode(), mask, params)
+    return optax.MultiTransformState({
+        "train": optax.MaskedState(optimizer.state_axes(trained)),
+        "frozen": optax.MaskedState(optax.EmptyState())})
+  return Optimizer(tx.init, tx.update, state_axes)
 
 
 def learning_rate_at(config: OptimizerConfig | ScheduleConfig, step: int) -> float:
@@ -217,6 +288,12 @@ def _is_stacked(axes: tuple) -> bool:
   return bool(axes) and axes[0] == STACKED_AXIS
 
 
+def _axes_tree(params: Tree, param_axes: Tree | None) -> Tree:
+  """param_axes rebuilt in params' own tree structure, each spec padded to its leaf's rank."""
+  treedef = jax.tree.structure(params)
+  return treedef.unflatten([P(*axes) for axes in _leaf_axes(params, param_axes)])
+
+
 def weight_decay_mask(param_axes: Tree | None) -> Callable[[Tree], Tree]:
   """A mask fn for optax: True for params of per-layer rank >= 2 (kernels, embeddings).
 
@@ -262,13 +339,13 @@ def adafactor(learning_rate: float | optax.Schedule, param_axes: Tree | None = N
               decay_rate: float = 0.8, clipping_threshold: float | None = 1.0,
               factored: bool = True, multiply_by_parameter_scale: bool = True,
               min_dim_size_to_factor: int = 128, epsilon1: float = 1e-30,
-              epsilon2: float = 1e-3, momentum: float | None = None
-              ) -> optax.GradientTransformation:
+              epsilon2: float = 1e-3, momentum: float | None = None) -> Optimizer:
   """T5X's Adafactor as an optax transformation (see the module docstring for the rules).
 
   Leaves whose spec starts with 'layers' are vmapped over that axis: factoring, update clipping
   and parameter scaling happen per layer. With param_axes=None nothing is a stack and only
-  rank-2 params are factored; for params of rank <= 2 this equals optax.adafactor.
+  rank-2 params are factored; for params of rank <= 2 this equals optax.adafactor. Its
+  state_axes come from the same per-leaf rules as init, so they cannot disagree.
   """
   schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
@@ -313,20 +390,40 @@ def adafactor(learning_rate: float | optax.Schedule, param_axes: Tree | None = N
     return (-update).astype(param.dtype), v_row, v_col, v, m
 
   def leaf_rules(params):
-    """Per leaf: (stacked, factored dims of one layer)."""
+    """Per leaf: (logical axes, stacked, factored dims of one layer)."""
     rules = []
     for axes, leaf in zip(_leaf_axes(params, param_axes), jax.tree.leaves(params)):
       stacked = _is_stacked(axes)
       layer_axes, layer_shape = (axes[1:], leaf.shape[1:]) if stacked else (axes, leaf.shape)
       dims = (factored_dims(layer_axes, layer_shape, min_dim_size_to_factor)
               if factored else None)
-      rules.append((stacked, dims))
+      rules.append((axes, stacked, dims))
     return rules
+
+  def leaf_axes(axes, stacked, dims):
+    """Logical axes of (v_row, v_col, v, m) of one (possibly stacked) param, as init_leaf
+    shapes them: a factored statistic keeps the param's axes minus the dims reduced away."""
+    lead, layer_axes = (axes[:1], axes[1:]) if stacked else ((), axes)
+    m = P(*axes) if momentum is not None else P()
+    if dims is None:
+      return P(), P(), P(*axes), m
+    rows, cols = dims
+
+    def without(dropped):
+      return P(*lead, *(a for i, a in enumerate(layer_axes) if i not in dropped))
+    return without(cols), without(rows), P(), m
+
+  def state_axes_fn(params):
+    treedef = jax.tree.structure(params)
+    stats = [leaf_axes(*rules) for rules in leaf_rules(params)]
+    v_row, v_col, v, m = ([treedef.unflatten(s) for s in zip(*stats)] if stats
+                          else [treedef.unflatten([])] * 4)
+    return AdafactorState(P(), v_row, v_col, v, m)
 
   def init_fn(params):
     leaves, treedef = jax.tree.flatten(params)
     stats = []
-    for leaf, (stacked, dims) in zip(leaves, leaf_rules(params)):
+    for leaf, (_, stacked, dims) in zip(leaves, leaf_rules(params)):
       fn = functools.partial(init_leaf, dims=dims)
       stats.append(jax.vmap(fn)(leaf) if stacked else fn(leaf))
     v_row, v_col, v, m = ([treedef.unflatten(s) for s in zip(*stats)] if stats
@@ -344,7 +441,7 @@ def adafactor(learning_rate: float | optax.Schedule, param_axes: Tree | None = N
     decay = 1.0 - (count.astype(jnp.float32) + 1.0) ** -decay_rate
     lr = jnp.asarray(schedule(count), jnp.float32)
     outs = []
-    for args, leaf, (stacked, dims) in zip(zip(*columns), leaves, leaf_rules(params)):
+    for args, leaf, (_, stacked, dims) in zip(zip(*columns), leaves, leaf_rules(params)):
       fn = functools.partial(update_leaf, dims=dims)
       if stacked:  # one Adafactor per layer: batch over the leading 'layers' axis
         fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, 0, None, None))
@@ -353,4 +450,4 @@ def adafactor(learning_rate: float | optax.Schedule, param_axes: Tree | None = N
     new_updates, v_row, v_col, v, m = new
     return new_updates, AdafactorState(optax.safe_increment(count), v_row, v_col, v, m)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return Optimizer(init_fn, update_fn, state_axes_fn)

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Sequence
 
-from t5lite.train.metrics_writer import METRICS_FILE
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.runtime.metrics_writer import METRICS_FILE
 
 
 def read_metrics(model_dir: str | os.PathLike) -> list[dict]:
@@ -19,8 +20,8 @@ def read_metrics(model_dir: str | os.PathLike) -> list[dict]:
   mid-write) is skipped rather than failing the plot."""
   path = os.path.join(os.fspath(model_dir), METRICS_FILE)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"no {METRICS_FILE} in {model_dir!s}: is it a t5lite MODEL_DIR "
-                            f"of a run that has logged at least one step?")
+    raise ConfigFileNotFoundError(f"no {METRICS_FILE} in {model_dir!s}: is it a t5lite MODEL_DIR "
+                                  f"of a run that has logged at least one step?")
   records = []
   with open(path, encoding="utf-8") as f:
     lines = f.read().splitlines()
@@ -32,7 +33,7 @@ def read_metrics(model_dir: str | os.PathLike) -> list[dict]:
     except json.JSONDecodeError:
       if i == len(lines) - 1:
         break
-      raise ValueError(f"{path}:{i + 1} is not valid JSON: {line[:80]!r}") from None
+      raise ConfigError(f"{path}:{i + 1} is not valid JSON: {line[:80]!r}") from None
   return records
 
 
@@ -47,7 +48,7 @@ def plot_losses(model_dir: str | os.PathLike, out_png: str | os.PathLike | None 
   records = read_metrics(model_dir)
   steps, losses = _series(records, "loss")
   if not steps:
-    raise ValueError(f"{os.path.join(model_dir, METRICS_FILE)} has no 'loss' values to plot")
+    raise ConfigError(f"{os.path.join(model_dir, METRICS_FILE)} has no 'loss' values to plot")
   eval_keys = sorted({k for r in records for k in r if k.startswith("eval/")})
 
   # Agg: no display needed (servers, CI); chosen before pyplot is first imported.
@@ -87,9 +88,5 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("model_dir", help="run directory holding metrics.jsonl")
   parser.add_argument("--out", default=None, help="PNG to write (default MODEL_DIR/loss.png)")
   args = parser.parse_args(argv)
-  try:
-    path = plot_losses(args.model_dir, args.out)
-  except (FileNotFoundError, ValueError) as e:
-    parser.exit(1, f"t5lite plot: error: {e}\n")
-  print(path)
+  print(plot_losses(args.model_dir, args.out))  # a missing or bad metrics.jsonl: cli.main says so
   return 0

@@ -17,6 +17,8 @@ import dataclasses
 import jax.numpy as jnp
 import optax
 
+from t5lite.errors import ConfigError
+
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 
 
@@ -33,8 +35,8 @@ def _warmup_factor(step: jnp.ndarray, warmup_steps: int) -> jnp.ndarray:
 
 def _check_decay(decay_steps: int) -> None:
   if decay_steps < 1:
-    raise ValueError(f"decay_steps must be >= 1 (the length of the decay after warmup), "
-                     f"got {decay_steps}")
+    raise ConfigError(f"decay_steps must be >= 1 (the length of the decay after warmup), "
+                      f"got {decay_steps}")
 
 
 def rsqrt(base: float = 1.0, warmup_steps: int = 10000) -> optax.Schedule:
@@ -45,7 +47,7 @@ def rsqrt(base: float = 1.0, warmup_steps: int = 10000) -> optax.Schedule:
   defaults, then 0.01 * sqrt(warmup / step).
   """
   if warmup_steps < 1:
-    raise ValueError(f"rsqrt needs warmup_steps >= 1 (the plateau), got {warmup_steps}")
+    raise ConfigError(f"rsqrt needs warmup_steps >= 1 (the plateau), got {warmup_steps}")
 
   def schedule(step):
     return base / jnp.sqrt(jnp.maximum(_as_float(step), float(warmup_steps)))
@@ -110,9 +112,9 @@ class ScheduleConfig:
 
   def __post_init__(self):
     if self.name not in SCHEDULES:
-      raise ValueError(f"ScheduleConfig.name={self.name!r} is not one of {SCHEDULES}")
+      raise ConfigError(f"ScheduleConfig.name={self.name!r} is not one of {SCHEDULES}")
     if self.warmup_steps < 0:
-      raise ValueError(f"ScheduleConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+      raise ConfigError(f"ScheduleConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
 
   def replace(self, **changes) -> "ScheduleConfig":
     return dataclasses.replace(self, **changes)

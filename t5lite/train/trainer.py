@@ -1,12 +1,15 @@
-"""The training loop: mesh, sharded state, batches, steps, logs, evals, checkpoints, resume.
+"""A training run: its config, the fixed pieces (mesh, family, shardings, jitted steps), resume.
 
     result = train(model_config, TrainConfig(model_dir="/tmp/run", train_steps=1000, ...))
 
 One code path from one CPU to a pod: the state is created (or restored) already sharded over
 the mesh, every process feeds its own rows of each global batch, and the jitted step runs
-under the mesh and the logical axis rules. The loop itself only orders things:
+under the mesh and the logical axis rules. The model's family (t5lite.families) supplies the
+feature converter, the loss, the trainable-parameter mask and the FLOP count; the trainer
+never asks which family it is. The loop and its periodic actions are t5lite.train.loop and
+t5lite.train.actions:
 
-  restore or init -> [next batch -> step -> (log) -> (eval) -> (checkpoint)] * -> final save
+  restore or init -> compile -> [step -> (log) (eval) (checkpoint) (SIGTERM?)] *
 
 Resuming. If MODEL_DIR holds a checkpoint, the run continues from it: same params, optimizer
 state, data position and step counter (which also seeds dropout), so the losses after a restart
@@ -16,11 +19,11 @@ the step and their own settings, never on TRAIN_STEPS. Otherwise INITIAL_CHECKPO
 t5lite MODEL_DIR or step folder, or an HF T5 directory) gives the params, with a fresh
 optimizer and, as in T5X, the step counter of that checkpoint (TRAIN_STEPS is the final step).
 
-Preemption. SIGTERM sets a flag; after each step (every preemption_check_period steps) the
+Preemption. SIGTERM sets a flag; after every preemption_check_period steps the
 processes agree whether any of them has it, with one tiny collective (one process: just the
 flag). Agreed after step k, every process runs step k + 1 (its batch is already fetched),
 saves checkpoint k + 1 and returns (TrainResult.preempted; the CLI exits 42). Rerunning the
-same command resumes. The flag is up from the CLI's start (launch/preemption.py), so a SIGTERM
+same command resumes. The flag is up from the CLI's start (runtime/preemption.py), so a SIGTERM
 during startup (init or restore, compiling, an eval before training) counts too: agreed once
 before the first step, every process returns at once without saving (nothing is newer than
 the checkpoint it started from, if any) and the CLI exits 42 all the same. JAX's preemption
@@ -39,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 from typing import Any, Callable, Mapping
 
 import jax
@@ -47,23 +49,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5lite.data.describe import converter_for
 from t5lite.data.pipeline import PipelineConfig, get_dataset
 from t5lite.data.registry import tasks_of
-from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator
-from t5lite.launch import preemption
+from t5lite.errors import ConfigError
+from t5lite.eval.evaluator import DecodeConfig
+from t5lite.families import family_of
+from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
-from t5lite.models.params import abstract_params, init_params, param_logical_axes
-from t5lite.train import checkpoints as ckpt_lib
-from t5lite.train import cost_model, data_state, evaluation, model_dir as model_dir_lib
-from t5lite.train import partitioning as part
-from t5lite.train.metrics_writer import MetricsWriter, ProgressLine
-from t5lite.train.optimizers import OptimizerConfig, learning_rate_at, make_optimizer
-from t5lite.train.processes import all_flags
-from t5lite.train.step import StepConfig, eval_step, train_step
+from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime import model_dir as model_dir_lib
+from t5lite.runtime import partitioning as part
+from t5lite.train import loop as loop_lib
+from t5lite.train.loop import TrainResult
+from t5lite.train.optimizers import OptimizerConfig, make_optimizer, trainable_only
+from t5lite.train.step import StepConfig, eval_step, windowed_train_step
 from t5lite.train.train_state import TrainState
 
 Tree = Any
+__all__ = ["TrainConfig", "TrainResult", "Trainer", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +84,13 @@ class TrainConfig:
   task_feature_lengths: Mapping[str, int]
   """e.g. {'inputs': 512, 'targets': 114} (TASK_FEATURE_LENGTHS)."""
   seed: int = 0
-  """Seeds the init, the data order and dropout (RANDOM_SEED)."""
+  """Seeds the init, the data order and dropout (RANDOM_SEED): the one seed of a run."""
   initial_checkpoint_path: str | None = None
   """Params to start from when MODEL_DIR has no checkpoint (INITIAL_CHECKPOINT_PATH)."""
   use_cached_tasks: bool = False
   """Read tasks from `t5lite cache` output (USE_CACHED_TASKS)."""
   cache_dir: str | None = None
   """Where cached tasks are (default: $T5LITE_CACHE_DIR or ~/.cache/t5lite/tasks)."""
-  dropout_rate: float | None = None
-  """Overrides the model file's dropout rate when set (DROPOUT_RATE)."""
   pack: bool = True
   """Pack several examples per row (T5X pretraining does)."""
   data_workers: int = 0
@@ -128,30 +129,11 @@ class TrainConfig:
     for name in ("train_steps", "batch_size", "log_period", "eval_steps",
                  "preemption_check_period"):
       if getattr(self, name) < 1:
-        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
     if not self.model_dir:
-      raise ValueError("TrainConfig.model_dir (MODEL_DIR) is not set")
+      raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
     model_dir_lib.check_not_url(self.model_dir)
     model_dir_lib.check_not_url(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
-
-
-@dataclasses.dataclass
-class TrainResult:
-  step: int
-  """The step the run ended at."""
-  losses: dict[int, float]
-  """Training loss of every logged step of this process's run (step -> loss)."""
-  preempted: bool = False
-  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-  """The last evaluation's figures, keyed like metrics.jsonl (eval/<task>/<metric>)."""
-  eval_step: int | None = None
-  """The step of eval_metrics."""
-
-
-def _agreed(requested: bool) -> bool:
-  """Whether any process got SIGTERM (`requested`: this one did); the same answer on every
-  process (a collective when there are several: all call it)."""
-  return any(all_flags(requested))
 
 
 def task_vocabulary(name: str):
@@ -165,37 +147,39 @@ class Trainer:
   """The pieces of one run that stay fixed while it trains (see `train`)."""
 
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
-    if config.dropout_rate is not None:
-      model_config = model_config.replace(dropout_rate=config.dropout_rate)
     self.model_config, self.config = model_config, config
+    self.family = family_of(model_config, config.step.loss_options())
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
     self.batch_slice = part.process_batch_slice(self.mesh)
     self.rules = part.logical_axis_rules(fsdp=config.fsdp)
-    self.step_config = config.step.replace(seed=config.seed)
-    self.optimizer = make_optimizer(config.optimizer, param_logical_axes(model_config))
     self.is_primary = jax.process_index() == 0
-    self.converter = converter_for(model_config.architecture, pack=config.pack,
-                                   prefix_lm=model_config.prefix_lm)
-    params = abstract_params(model_config)
+    self.converter = self.family.converter(pack=config.pack)
+    params = self.family.abstract_params()
+    self.optimizer = trainable_only(
+        make_optimizer(config.optimizer, self.family.param_logical_axes()),
+        self.family.trainable_mask(params))
     self.param_shardings = part.param_shardings(model_config, self.mesh, self.rules)
     abstract_state = jax.eval_shape(functools.partial(TrainState.create,
                                                       optimizer=self.optimizer), params)
     self.state_shardings = TrainState(
         step=NamedSharding(self.mesh, P()), params=self.param_shardings,
-        opt_state=part.state_shardings(abstract_state.opt_state, self.param_shardings, params))
+        opt_state=part.state_shardings(abstract_state.opt_state,
+                                       self.optimizer.state_axes(params), self.mesh,
+                                       self.rules))
     self.abstract_state = part.abstract_sharded(abstract_state, self.state_shardings)
     self.abstract_params = part.abstract_sharded(params, self.param_shardings)
+    self.replicated = NamedSharding(self.mesh, P())
     batch_sharding = part.batch_sharding(self.mesh)
     self.step_fn = jax.jit(
-        functools.partial(train_step, model_config=model_config, optimizer=self.optimizer,
-                          step_config=self.step_config),
-        in_shardings=(self.state_shardings, batch_sharding),
-        out_shardings=(self.state_shardings, None), donate_argnums=0)
-    self.eval_fn = jax.jit(
-        functools.partial(eval_step, model_config=model_config, step_config=self.step_config),
-        in_shardings=(self.param_shardings, batch_sharding))
+        functools.partial(windowed_train_step, family=self.family, optimizer=self.optimizer,
+                          step_config=config.step, seed=config.seed),
+        in_shardings=(self.state_shardings, self.replicated, batch_sharding),
+        out_shardings=(self.state_shardings, self.replicated, self.replicated),
+        donate_argnums=(0, 1))
+    self.eval_fn = jax.jit(functools.partial(eval_step, family=self.family),
+                           in_shardings=(self.param_shardings, batch_sharding))
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -211,10 +195,32 @@ class Trainer:
 
   # --- the state -----------------------------------------------------------------------------
 
+  def initial_state(self, checkpointer: ckpt_lib.Checkpointer, batches,
+                    log: Callable[[str], None]) -> tuple[TrainState, int]:
+    """(state, step) to train from: MODEL_DIR's newest checkpoint (the data position restored
+    into `batches`), else INITIAL_CHECKPOINT_PATH's params, else a fresh init."""
+    config = self.config
+    restored = checkpointer.restore_latest(self.abstract_state)
+    if restored is not None:
+      state, saved_data_state, step = restored
+      batches.set_state(saved_data_state)
+      log(f"t5lite: resuming from step {step} in {checkpointer.directory}")
+      return state, step
+    if config.initial_checkpoint_path:
+      params, step = self.initial_params(config.initial_checkpoint_path)
+      if step >= config.train_steps:
+        raise ConfigError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path} is at step "
+                          f"{step} and TRAIN_STEPS={config.train_steps} is the final step (as "
+                          f"in T5X): set TRAIN_STEPS to {step} + the number of finetuning steps")
+      log(f"t5lite: initialized from {config.initial_checkpoint_path} (step {step}); "
+          f"{config.train_steps - step} steps to go")
+      return self.state_from_params(params, step), step
+    return self.fresh_state(), 0
+
   def fresh_state(self) -> TrainState:
     """Random init, created directly in its shards."""
     def create(rng):
-      return TrainState.create(init_params(self.model_config, rng), self.optimizer)
+      return TrainState.create(self.family.init_params(rng), self.optimizer)
     return jax.jit(create, out_shardings=self.state_shardings)(jax.random.key(self.config.seed))
 
   def state_from_params(self, params: Tree, step: int) -> TrainState:
@@ -241,8 +247,8 @@ class Trainer:
     differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
               if mine[k] != theirs[k]]
     if differ:
-      raise ValueError(f"HF checkpoint {path} does not fit this model config:\n  "
-                       + "\n  ".join(differ))
+      raise ConfigError(f"HF checkpoint {path} does not fit this model config:\n  "
+                        + "\n  ".join(differ))
     if self.model_config.scan_layers:
       from t5lite.models.params import scan_params
       params = scan_params(params, self.model_config)
@@ -251,195 +257,33 @@ class Trainer:
                         self.param_shardings)
 
 
-def _nonfinite(config: TrainConfig, step: int, scalars: dict, checkpointer, log) -> None:
-  """Step `step` had a NaN/inf loss or gradient: stop (raise) or report the skipped update."""
-  if config.step.nonfinite == "stop":
-    last = checkpointer.latest_step()
-    raise FloatingPointError(
-        f"non-finite loss or gradients at step {step} (loss {scalars['loss']}, grad norm "
-        f"{scalars['grad_norm']}); the run stops, the update was not applied. Last "
-        f"checkpoint: {last if last is not None else 'none'}. Lower the learning rate, check "
-        "the data, or set StepConfig.nonfinite='skip' to drop such updates")
-  log(f"t5lite: step {step}: non-finite loss or gradients; update skipped")
-
-
-class _Throughput:
-  """Tokens/s, MFU and the progress line over the steps since the last log."""
-
-  def __init__(self, trainer: Trainer, progress: ProgressLine, step: int):
-    self.trainer, self.progress = trainer, progress
-    self.peak = cost_model.peak_flops(jax.devices()[0].device_kind)
-    self.restart(step)
-
-  def restart(self, step: int) -> None:
-    """Counts from `step`, now (after an eval: its time is not training throughput)."""
-    self.start, self.base_step = time.perf_counter(), step
-
-  def log(self, step: int, scalars: dict, host_batch, writer: MetricsWriter,
-          result: "TrainResult", log: Callable[[str], None]) -> None:
-    config, model_config = self.trainer.config, self.trainer.model_config
-    steps = step - self.base_step
-    seconds = time.perf_counter() - self.start
-    tokens, inputs_len, targets_len = _tokens_per_step(host_batch, config.batch_size)
-    mfu = None
-    if self.peak:
-      flops = cost_model.flops_per_sequence(model_config, inputs_len, targets_len)
-      mfu = cost_model.mfu(flops * config.batch_size * steps, seconds,
-                           self.peak * jax.device_count())
-    lr = learning_rate_at(config.optimizer, step - 1)
-    record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens * steps / seconds}
-    if mfu is not None:
-      record["mfu"] = mfu
-    writer.write(step, record)
-    result.losses[step] = scalars["loss"]
-    if self.trainer.is_primary:
-      log(self.progress.update(step, scalars["loss"], lr, tokens * steps, seconds, mfu))
-    self.restart(step)
-
-
-def _tokens_per_step(batch: Mapping[str, np.ndarray], global_rows: int) -> tuple[int, int, int]:
-  """(tokens per step, inputs length, targets length) from a host batch's shapes."""
-  inputs = batch["encoder_input_tokens"].shape[1] if "encoder_input_tokens" in batch else 0
-  targets = batch["decoder_target_tokens"].shape[1] if "decoder_target_tokens" in batch else 0
-  return global_rows * (inputs + targets), inputs, targets
-
-
-def _log_eval(trainer: Trainer, state: TrainState, step: int, writer: MetricsWriter,
-              result: TrainResult, log: Callable[[str], None], *, loss: bool = True,
-              infer: bool = False, evaluators: dict | None = None) -> None:
-  """Runs the due evaluations at `step` and records them (metrics.jsonl, TB, result)."""
-  metrics = evaluation.evaluate(trainer, state.params) if loss else {}
-  if infer:
-    metrics.update(evaluation.infer_evaluate(trainer, state.params, step, evaluators))
-  result.eval_metrics = metrics
-  result.eval_step = step
-  writer.write(step, result.eval_metrics)
-  if trainer.is_primary and result.eval_metrics:
-    log(f"step {step} eval: " + "  ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
-
-
 def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None = None,
           gin_config_text: str | None = None, log: Callable[[str], None] = print,
           ) -> TrainResult:
   """Trains until config.train_steps (or SIGTERM); see the module docstring."""
   vocabulary = task_vocabulary(config.mixture_or_task_name)
   if vocabulary.vocab_size > model_config.vocab_size:
-    raise ValueError(f"task {config.mixture_or_task_name!r} has a vocabulary of "
-                     f"{vocabulary.vocab_size} ids, more than the model's vocab_size "
-                     f"{model_config.vocab_size}: set ModelConfig.vocab_size >= "
-                     f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
+    raise ConfigError(f"task {config.mixture_or_task_name!r} has a vocabulary of "
+                      f"{vocabulary.vocab_size} ids, more than the model's vocab_size "
+                      f"{model_config.vocab_size}: set ModelConfig.vocab_size >= "
+                      f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
   trainer = Trainer(model_config, config, mesh)
-  model_config = trainer.model_config
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
+  # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
+  # a collective), before process 0 writes anything there.
+  model_dir_lib.check_compatible(config.model_dir, model_config)
   if trainer.is_primary:
     model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
   else:
-    _check_model_dir(config.model_dir, model_config)
     log = _silent  # one progress line per job, from process 0
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
   with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm:
     checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint)
     try:
-      return _run(trainer, checkpointer, sigterm, log)
+      return loop_lib.run(trainer, checkpointer, sigterm, log)
     finally:
       checkpointer.close()
 
 
 def _silent(_: str) -> None:
   pass
-
-
-def _check_model_dir(model_dir: str, model_config: ModelConfig) -> None:
-  """What process 0's model_dir.prepare refuses, refused on every process (so that all stop,
-  none waits for the others in a collective)."""
-  if os.path.isfile(os.path.join(model_dir, model_dir_lib.MODEL_CONFIG_FILE)):
-    model_dir_lib.check_compatible(model_dir_lib.load_model_config(model_dir), model_config,
-                                   model_dir)
-
-
-def _run(trainer: Trainer, checkpointer: ckpt_lib.Checkpointer,
-         sigterm: preemption.SigtermFlag, log: Callable[[str], None]) -> TrainResult:
-  config = trainer.config
-  batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
-                            config.data_workers)
-  restored = checkpointer.restore_latest(trainer.abstract_state)
-  if restored is not None:
-    state, saved_data_state, step = restored
-    batches.set_state(saved_data_state)
-    log(f"t5lite: resuming from step {step} in {checkpointer.directory}")
-  elif config.initial_checkpoint_path:
-    params, step = trainer.initial_params(config.initial_checkpoint_path)
-    if step >= config.train_steps:
-      raise ValueError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path} is at step "
-                       f"{step} and TRAIN_STEPS={config.train_steps} is the final step (as in "
-                       f"T5X): set TRAIN_STEPS to {step} + the number of finetuning steps")
-    state = trainer.state_from_params(params, step)
-    log(f"t5lite: initialized from {config.initial_checkpoint_path} (step {step}); "
-        f"{config.train_steps - step} steps to go")
-  else:
-    state, step = trainer.fresh_state(), 0
-  result = TrainResult(step=step, losses={})
-  if step >= config.train_steps:
-    log(f"t5lite: already at step {step} >= TRAIN_STEPS={config.train_steps}; nothing to do "
-        "(raise TRAIN_STEPS to train on)")
-    return result
-
-  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
-  evaluators: dict[str, TaskEvaluator | None] = {}
-  best = evaluation.BestCheckpoint(config, trainer.is_primary)
-  if config.run_eval_before_training and (config.eval_period or config.infer_eval_period):
-    _log_eval(trainer, state, step, writer, result, log, loss=bool(config.eval_period),
-              infer=bool(config.infer_eval_period), evaluators=evaluators)
-  if _agreed(sigterm.requested):  # SIGTERM during startup: nothing new to save
-    writer.close()
-    log(f"t5lite: preempted (SIGTERM) before the first step, at step {step}: nothing new to "
-        "save; rerun the same command to resume")
-    result.preempted = True
-    return result
-  meter = _Throughput(trainer, ProgressLine(config.train_steps, start_step=step), step)
-  host_batch = next(batches)
-  stop = False  # agreed by every process: save after this step and return
-  try:
-    while step < config.train_steps:
-      state, metrics = trainer.step_fn(state, part.global_batch(host_batch, trainer.mesh))
-      step += 1  # the step just dispatched; the device runs it while the host goes on
-      last = step == config.train_steps
-      loss_eval = bool(config.eval_period) and (step % config.eval_period == 0 or last)
-      infer_eval = bool(config.infer_eval_period) and (
-          step % config.infer_eval_period == 0 or last)
-      save = (stop or last or step % config.checkpoint.period == 0
-              or (infer_eval and best.metric is not None))
-      # The checkpoint's data position is after this step's batch: read it before the next
-      # batch is fetched. Fetching it now overlaps host data work with the device step.
-      saved_data = data_state.global_state(batches) if save else None
-      if not (last or stop):
-        host_batch_next = next(batches)
-      if config.step.nonfinite == "stop" or last or step % config.log_period == 0:
-        scalars = evaluation.host_scalars(metrics)  # waits for the step
-        if scalars.pop("nonfinite"):
-          _nonfinite(config, step, scalars, checkpointer, log)
-        if step % config.log_period == 0 or last:
-          meter.log(step, scalars, host_batch, writer, result, log)
-      if loss_eval or infer_eval:
-        _log_eval(trainer, state, step, writer, result, log, loss=loss_eval, infer=infer_eval,
-                  evaluators=evaluators)
-        meter.restart(step)
-      if save:
-        if infer_eval:
-          best.update(step, result)
-        checkpointer.save(step, state, saved_data,
-                          metrics=result.eval_metrics if result.eval_step == step else None)
-      if stop and not last:
-        log(f"t5lite: preempted (SIGTERM): saved checkpoint {step}; rerun the same command to "
-            "resume")
-        result.preempted = True
-        break
-      if not last:
-        host_batch = host_batch_next
-        # After the next batch is fetched (host work overlapping the step), before the next
-        # step: every process gets the same answer, so all save at the same step.
-        stop = step % config.preemption_check_period == 0 and _agreed(sigterm.requested)
-  finally:
-    writer.close()
-  result.step = step
-  return result

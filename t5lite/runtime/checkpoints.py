@@ -34,7 +34,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
-from t5lite.train.processes import all_flags
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.runtime.processes import all_flags
 
 CHECKPOINTS_DIR = "checkpoints"
 ON_CORRUPT = ("fallback", "stop")
@@ -65,14 +66,15 @@ class CheckpointConfig:
 
   def __post_init__(self):
     if self.period < 1:
-      raise ValueError(f"CheckpointConfig.period must be >= 1, got {self.period}")
+      raise ConfigError(f"CheckpointConfig.period must be >= 1, got {self.period}")
     if self.keep is not None and self.keep < 1:
-      raise ValueError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
+      raise ConfigError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
     if self.best_mode not in ("max", "min"):
-      raise ValueError(f"CheckpointConfig.best_mode must be 'max' or 'min', got {self.best_mode!r}")
+      raise ConfigError(f"CheckpointConfig.best_mode must be 'max' or 'min', got "
+                        f"{self.best_mode!r}")
     if self.on_corrupt not in ON_CORRUPT:
-      raise ValueError(f"CheckpointConfig.on_corrupt={self.on_corrupt!r} is not one of "
-                       f"{ON_CORRUPT}")
+      raise ConfigError(f"CheckpointConfig.on_corrupt={self.on_corrupt!r} is not one of "
+                        f"{ON_CORRUPT}")
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -83,13 +85,17 @@ def checkpoint_dir(model_dir: str | os.PathLike) -> str:
   return os.path.join(os.path.abspath(os.fspath(model_dir)), CHECKPOINTS_DIR)
 
 
+def _metric_of(name: str):
+  return lambda metrics: metrics[name]
+
+
 def _preservation(config: CheckpointConfig):
   policies = [pp_lib.LatestN(n=config.keep)]
   if config.keep_period:
     policies.append(pp_lib.EveryNSteps(interval_steps=config.keep_period))
   if config.best_metric:
     # Keeps the highest value after sorting: descending order (reverse) makes it the lowest.
-    policies.append(pp_lib.BestN(get_metric_fn=lambda m: m[config.best_metric], n=1,
+    policies.append(pp_lib.BestN(get_metric_fn=_metric_of(config.best_metric), n=1,
                                  reverse=config.best_mode == "min",
                                  keep_checkpoints_without_metrics=False))
   return pp_lib.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0]
@@ -109,6 +115,10 @@ class Checkpointer:
         cleanup_tmp_directories=not read_only,
         read_only=read_only,
         create=not read_only,
+        # With a best_fn orbax also writes each ranked checkpoint's metrics into its step
+        # folder, so the ranking (and which step BestN keeps) survives a restart.
+        **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
+           if config.best_metric else {}),
     )
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data"))
@@ -135,6 +145,22 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state if data_state is not None else {})),
         metrics=metrics, force=True)
+
+  def best(self) -> tuple[int, float] | None:
+    """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from
+    the metrics orbax ranks the checkpoints by; None when none is ranked. Waits for a save in
+    flight (its metrics count)."""
+    metric = self.config.best_metric
+    if metric is None:
+      return None
+    self._manager.wait_until_finished()
+    ranked = [(step, (self._manager.metrics(step) or {}).get(metric))
+              for step in self.all_steps()]
+    ranked = [(step, float(value)) for step, value in ranked if value is not None]
+    if not ranked:
+      return None
+    pick = max if self.config.best_mode == "max" else min
+    return pick(ranked, key=lambda item: item[1])
 
   def restore(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
     """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of
@@ -245,15 +271,15 @@ def _step_state_dir(path: str) -> tuple[str, int]:
     return os.path.join(path, "state"), int(os.path.basename(path))
   directory = path if os.path.basename(path) == CHECKPOINTS_DIR else checkpoint_dir(path)
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ folder "
-                            "and not a step folder)")
+    raise ConfigFileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ "
+                                  "folder and not a step folder)")
   with _quiet_orbax():
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
         read_only=True, create=False), item_names=("state", "data"))
     step = manager.latest_step()
     manager.close()
   if step is None:
-    raise FileNotFoundError(f"{directory} holds no committed checkpoint")
+    raise ConfigFileNotFoundError(f"{directory} holds no committed checkpoint")
   return os.path.join(directory, str(step), "state"), step
 
 
@@ -269,7 +295,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
   with _quiet_orbax():
     saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
   if saved is None:
-    raise ValueError(f"{state_dir} has no params")
+    raise ConfigError(f"{state_dir} has no params")
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
                   for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted_shapes = {jax.tree_util.keystr(p): tuple(x.shape)
@@ -281,7 +307,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
                if k not in wanted_shapes]
   if problems:
     more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
-    raise ValueError(
+    raise ConfigError(
         f"checkpoint {state_dir} (step {step}) does not fit this model config; differences:\n  "
         + "\n  ".join(problems[:10] + more)
         + "\n  (vocab_size, d_model, layer counts and scan_layers must match the checkpoint's "

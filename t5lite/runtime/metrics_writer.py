@@ -4,7 +4,7 @@ metrics.jsonl holds one JSON object per `write` call, e.g.
   {"step": 100, "loss": 3.41, "learning_rate": 0.01}
   {"step": 200, "loss": 3.02, "eval/glue_cola/accuracy": 0.69}
 where `loss` is that step's training loss (not a running average) and eval figures use keys
-`eval/<task>/<metric>` (DESIGN.md). TensorBoard events go to MODEL_DIR/tensorboard/ through
+`eval/<task>/<metric>`. TensorBoard events go to MODEL_DIR/tensorboard/ through
 tensorboardX, so no TensorFlow is needed.
 """
 from __future__ import annotations

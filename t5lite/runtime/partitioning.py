@@ -6,7 +6,7 @@ The model names every parameter and key activation axis logically (`batch`, `emb
 
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     rules = logical_axis_rules(fsdp=True)
-    params = init_sharded(config, mesh, rules, rng=0)       # born sharded
+    shardings = param_shardings(config, mesh, rules)         # params born sharded under jit
     batch = global_batch(host_batch, mesh)                 # this process's rows -> global arrays
     with activate(mesh, rules):                            # activation constraints take effect
       logits = jax.jit(forward)(params, batch)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 from typing import Any, Iterator, Sequence
 
@@ -34,8 +33,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from t5lite.errors import ConfigError
+from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
-from t5lite.models.params import abstract_params, init_params, param_logical_axes
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes that split the batch: plain data parallelism and FSDP both give each device its rows.
@@ -62,10 +62,10 @@ class MeshConfig:
   def __post_init__(self):
     for name, size in zip(MESH_AXES, self.sizes):
       if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
-        raise ValueError(f"mesh axis {name!r} has size {size!r}: use a positive int or -1")
+        raise ConfigError(f"mesh axis {name!r} has size {size!r}: use a positive int or -1")
     if self.sizes.count(-1) > 1:
-      raise ValueError(f"mesh {self.sizes} has more than one -1: at most one axis can take "
-                       "the remaining devices")
+      raise ConfigError(f"mesh {self.sizes} has more than one -1: at most one axis can take "
+                        "the remaining devices")
 
   @property
   def sizes(self) -> tuple[int, int, int]:
@@ -85,11 +85,11 @@ class MeshConfig:
     fixed = math.prod(s for s in self.sizes if s != -1)
     if -1 in self.sizes:
       if num_devices % fixed:
-        raise ValueError(f"mesh {self.sizes} cannot fill the devices: {num_devices} devices "
-                         f"({where} {num_devices}) do not divide by {fixed}")
+        raise ConfigError(f"mesh {self.sizes} cannot fill the devices: {num_devices} devices "
+                          f"({where} {num_devices}) do not divide by {fixed}")
       return tuple(num_devices // fixed if s == -1 else s for s in self.sizes)
     if fixed != num_devices:
-      raise ValueError(f"mesh {self.sizes} needs {fixed} devices, {where} {num_devices}")
+      raise ConfigError(f"mesh {self.sizes} needs {fixed} devices, {where} {num_devices}")
     return self.sizes
 
 
@@ -162,10 +162,11 @@ def param_shardings(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules) 
   (e.g. 6 heads over tensor=4): jit refuses uneven output shardings, and a named list is
   easier to act on than XLA's message about one array.
   """
-  logical_tree = param_logical_axes(model_config)
+  family = family_of(model_config)
+  logical_tree = family.param_logical_axes()
   shardings = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
   logical = jax.tree_util.tree_leaves(logical_tree, is_leaf=lambda x: isinstance(x, P))
-  flat_shapes = jax.tree_util.tree_leaves_with_path(abstract_params(model_config))
+  flat_shapes = jax.tree_util.tree_leaves_with_path(family.abstract_params())
   problems = []
   for (path, shape), names, sharding in zip(flat_shapes, logical,
                                             jax.tree_util.tree_leaves(shardings)):
@@ -175,23 +176,9 @@ def param_shardings(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules) 
                         f"{entry!r} ({_axis_size(mesh, entry)} devices)")
   if problems:
     more = [f"... and {len(problems) - 8} more"] if len(problems) > 8 else []
-    raise ValueError(f"mesh {dict(mesh.shape)} cannot split these parameters evenly; pick axis "
-                     "sizes that divide them:\n  " + "\n  ".join(problems[:8] + more))
+    raise ConfigError(f"mesh {dict(mesh.shape)} cannot split these parameters evenly; pick axis "
+                      "sizes that divide them:\n  " + "\n  ".join(problems[:8] + more))
   return shardings
-
-
-def init_sharded(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules,
-                 rng: jax.Array | int = 0) -> Tree:
-  """Randomly initialized params, created directly in their shards (STYLE.md #4).
-
-  Shapes come from jax.eval_shape (inside param_shardings), the init runs under jit with
-  out_shardings, so no device ever holds a full copy of a sharded parameter. The values equal
-  init_params(model_config, rng): the threefry RNG gives the same numbers however it is split.
-  """
-  if isinstance(rng, int):
-    rng = jax.random.key(rng)
-  shardings = param_shardings(model_config, mesh, rules)
-  return jax.jit(functools.partial(init_params, model_config), out_shardings=shardings)(rng)
 
 
 def abstract_sharded(tree: Tree, shardings: Tree) -> Tree:
@@ -206,63 +193,32 @@ def _fit_spec(mesh: Mesh, entries: Sequence, shape: Sequence[int]) -> tuple:
   return tuple(e if size % _axis_size(mesh, e) == 0 else None for e, size in zip(entries, shape))
 
 
-def _derived_spec(mesh: Mesh, spec: P, param_shape: tuple[int, ...] | None,
-                  shape: tuple[int, ...]) -> P:
-  """The spec of an optimizer leaf that belongs to a param with `spec` (see state_shardings)."""
-  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-  rank = len(param_shape) if param_shape is not None else len(spec)
-  if len(shape) == rank:
-    # Same shape (momentum, unfactored second moment) or a kept size-1 dim (factored keepdims):
-    # the param's layout, minus splits that no longer divide.
-    return P(*_fit_spec(mesh, entries, shape))
-  if len(shape) == rank - 1 and rank > 0:
-    # A factored statistic: the param with one dimension reduced away. Drop that dimension's
-    # entry; when the shape cannot tell which one went (square kernels), keep only what every
-    # candidate agrees on.
-    dropped = [i for i in range(rank)
-               if param_shape is None or tuple(np.delete(param_shape, i)) == tuple(shape)]
-    candidates = [_fit_spec(mesh, entries[:i] + entries[i + 1:rank], shape) for i in dropped]
-    if candidates:
-      return P(*(c[0] if all(x == c[0] for x in c) else None for c in zip(*candidates)))
-  return P()
+def state_shardings(abstract_state: Tree, state_axes: Tree, mesh: Mesh,
+                    rules: LogicalRules) -> Tree:
+  """NamedShardings for an optimizer state, from the logical axes its optimizer declares.
 
-
-def state_shardings(abstract_state: Tree, param_shardings: Tree,
-                    param_shapes: Tree | None = None) -> Tree:
-  """NamedShardings for an optimizer state (or any tree holding per-param statistics).
-
-  A state leaf belongs to the param whose full path (e.g. encoder/layers_0/mlp/wo/kernel) ends
-  its own path, as in optax's (count, mu=params-like, nu=params-like) states. Such a leaf gets:
-  - the param's sharding when it has the param's rank (Adam moments, unfactored statistics);
-  - the param's spec without the reduced dimension when it has one dimension less (Adafactor's
-    factored row / column statistics);
-  - replicated otherwise, as do leaves with no param (step counts, optax's (1,) placeholders).
-  Spec entries that do not divide a leaf's dimension are dropped. param_shapes (e.g.
-  abstract_params(config)) lets a factored statistic of a square kernel keep its sharding;
-  without it only what every possible reduced dimension agrees on is kept.
-  abstract_state: arrays or jax.ShapeDtypeStructs, e.g. jax.eval_shape(tx.init, params).
+  state_axes: PartitionSpecs over logical names shaped exactly like the state, e.g.
+  optimizer.state_axes(params) (t5lite.train.optimizers). They go through the same rules as
+  the params, so each statistic lies where the matching dims of its param lie. A mesh split that
+  does not divide a leaf's dimension is dropped (that dimension is kept whole): statistics can be
+  smaller than their params, and jit refuses uneven output shardings.
+  abstract_state: arrays or jax.ShapeDtypeStructs, e.g. jax.eval_shape(optimizer.init, params).
   """
-  flat = jax.tree_util.tree_leaves_with_path(param_shardings)
-  if not flat:
-    raise ValueError("param_shardings is empty")
-  mesh = flat[0][1].mesh
-  by_path = {tuple(_key_name(k) for k in path): s for path, s in flat}
-  shapes = {}
-  if param_shapes is not None:
-    shapes = {tuple(_key_name(k) for k in path): tuple(np.shape(x))
-              for path, x in jax.tree_util.tree_leaves_with_path(param_shapes)}
+  axes_structure = jax.tree.structure(state_axes, is_leaf=lambda x: isinstance(x, P))
+  if axes_structure != jax.tree.structure(abstract_state):
+    raise ValueError("the declared state axes are not shaped like the optimizer state: declare "
+                     "them with the optimizer that made the state, for the same params\n"
+                     f"  state: {jax.tree.structure(abstract_state)}\n  axes:  {axes_structure}")
+  shardings = nn.logical_to_mesh_sharding(state_axes, mesh, rules)
 
-  def leaf_sharding(path, leaf):
-    keys = tuple(_key_name(k) for k in path)
-    shape = tuple(np.shape(leaf))
-    for start in range(len(keys)):  # longest suffix first: the most specific param
-      param = by_path.get(keys[start:])
-      if param is not None:
-        spec = _derived_spec(mesh, param.spec, shapes.get(keys[start:]), shape)
-        return NamedSharding(mesh, spec)
-    return NamedSharding(mesh, P())
+  def fit(path, leaf, sharding):
+    shape = np.shape(leaf)
+    if len(sharding.spec) > len(shape):
+      raise ValueError(f"optimizer state {_path_str(path)} of shape {shape} is declared with "
+                       f"more axes, {sharding.spec}")
+    return NamedSharding(mesh, P(*_fit_spec(mesh, sharding.spec, shape)))
 
-  return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_state)
+  return jax.tree_util.tree_map_with_path(fit, abstract_state, shardings)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -279,7 +235,7 @@ def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
   if global_batch_size % shards:
     lower = global_batch_size // shards * shards
     options = [n for n in (lower, lower + shards) if n > 0]
-    raise ValueError(
+    raise ConfigError(
         f"global batch size {global_batch_size} does not divide evenly over the {shards} batch "
         f"shards of mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} (over "
         f"{mesh.size} devices in {jax.process_count()} process(es)); use a multiple of {shards}, "
@@ -319,7 +275,7 @@ def slice_of_process(held: dict[int, set[int]], shards: int, process_index: int
   tiled = [i for run in runs for i in run] == list(range(shards))
   if not (contiguous and tiled and len({len(run) for run in runs}) == 1):
     layout = {p: sorted(ids) for p, ids in sorted(held.items())}
-    raise ValueError(
+    raise ConfigError(
         f"the mesh gives processes these batch shards: {layout}; each process's devices must "
         "hold an equal, contiguous run of the batch shards (order the mesh's devices by "
         "process, as jax.make_mesh does)")
@@ -350,7 +306,7 @@ def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax
     if value.ndim == 0:
       raise ValueError(f"batch feature {key!r} is a scalar; every feature needs a batch axis")
     if value.shape[0] % shards:
-      raise ValueError(
+      raise ConfigError(
           f"batch feature {key!r} has {value.shape[0]} local rows, which do not divide over the "
           f"{shards} batch shards of this process's devices (mesh data={mesh.shape['data']} x "
           f"fsdp={mesh.shape['fsdp']}); use a per-process batch size divisible by {shards}")

@@ -25,6 +25,7 @@ import secrets
 import time
 
 from t5lite.data.vocabularies import Vocabulary
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.models.config import ModelConfig
 
 MODEL_CONFIG_FILE = "model_config.json"
@@ -40,7 +41,7 @@ RUNTIME_FIELDS = frozenset({"dropout_rate", "dtype", "remat_policy"})
 def load_model_config(model_dir: str | os.PathLike) -> ModelConfig:
   path = os.path.join(os.fspath(model_dir), MODEL_CONFIG_FILE)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} not found: {model_dir} is not a t5lite MODEL_DIR")
+    raise ConfigFileNotFoundError(f"{path} not found: {model_dir} is not a t5lite MODEL_DIR")
   with open(path, encoding="utf-8") as f:
     return ModelConfig.from_json(f.read())
 
@@ -52,15 +53,15 @@ def model_dir_of(checkpoint_path: str | os.PathLike) -> str:
   for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
     if os.path.isfile(os.path.join(candidate, MODEL_CONFIG_FILE)):
       return candidate
-  raise FileNotFoundError(f"{checkpoint_path} is not in a t5lite MODEL_DIR (no "
-                          f"{MODEL_CONFIG_FILE} there or two folders up)")
+  raise ConfigFileNotFoundError(f"{checkpoint_path} is not in a t5lite MODEL_DIR (no "
+                                f"{MODEL_CONFIG_FILE} there or two folders up)")
 
 
 def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
   folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel)."""
   from t5lite.models.params import abstract_params
-  from t5lite.train import checkpoints, partitioning
+  from t5lite.runtime import checkpoints, partitioning
   model_config = load_model_config(model_dir_of(checkpoint_path))
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
@@ -80,14 +81,20 @@ def _write_atomic(path: str, text: str) -> None:
   os.replace(path + ".tmp", path)
 
 
-def check_compatible(saved: ModelConfig, current: ModelConfig, model_dir: str) -> None:
-  """Raises ValueError when `current` cannot continue a run saved with `saved`."""
-  a, b = saved.to_dict(), current.to_dict()
+def check_compatible(model_dir: str | os.PathLike, model_config: ModelConfig) -> None:
+  """Raises ValueError when MODEL_DIR holds a run of another model config, which
+  `model_config` cannot continue (a folder without model_config.json is fine). The one check
+  of a MODEL_DIR against a config: training runs it on every process before anything is
+  written there."""
+  model_dir = os.fspath(model_dir)
+  if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
+    return
+  a, b = load_model_config(model_dir).to_dict(), model_config.to_dict()
   differ = sorted(k for k in a if a[k] != b.get(k) and k not in RUNTIME_FIELDS)
   if differ:
     changes = ", ".join(f"{k}: {a[k]!r} -> {b.get(k)!r}" for k in differ)
-    raise ValueError(f"MODEL_DIR {model_dir} was trained with another model config ({changes}); "
-                     "use a new MODEL_DIR, or the model gin file it was trained with")
+    raise ConfigError(f"MODEL_DIR {model_dir} was trained with another model config ({changes}); "
+                      "use a new MODEL_DIR, or the model gin file it was trained with")
 
 
 def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
@@ -99,10 +106,8 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
   """
   model_dir = os.fspath(model_dir)
   os.makedirs(model_dir, exist_ok=True)
-  config_path = os.path.join(model_dir, MODEL_CONFIG_FILE)
-  if os.path.isfile(config_path):
-    check_compatible(load_model_config(model_dir), model_config, model_dir)
-  _write_atomic(config_path, model_config.to_json() + "\n")
+  check_compatible(model_dir, model_config)
+  _write_atomic(os.path.join(model_dir, MODEL_CONFIG_FILE), model_config.to_json() + "\n")
   if vocabulary is not None:
     vocabulary.save(model_dir)
   if gin_config_text is not None:
@@ -113,7 +118,7 @@ def check_not_url(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> No
   """Raises ValueError for a URL (gs://..., s3://...): os.path and open would take it for a
   relative folder, so each host would write to its own disk."""
   if isinstance(path, (str, os.PathLike)) and _URL.match(os.fspath(path)):
-    raise ValueError(
+    raise ConfigError(
         f"{what}={os.fspath(path)!r}: {what} must be a folder every host sees: a shared "
         "filesystem such as NFS/Filestore or a GCS FUSE mount like /gcs/BUCKET/run; gs:// "
         "URLs are not supported yet")
@@ -132,7 +137,7 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
     return
   from jax.experimental import multihost_utils
 
-  from t5lite.train.processes import all_flags
+  from t5lite.runtime.processes import all_flags
   model_dir = os.fspath(model_dir)
   token = int(np.asarray(multihost_utils.broadcast_one_to_all(
       np.array(secrets.randbits(31), np.int32))))
@@ -151,7 +156,7 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
     os.remove(path)
   blind = np.flatnonzero(flags == 0).tolist()
   if blind:
-    raise ValueError(
+    raise ConfigError(
         f"MODEL_DIR {model_dir} is not shared: process(es) {blind} do not see the file "
         f"process 0 wrote there ({os.path.basename(path)}){unwritable}. MODEL_DIR must be a "
         "folder every host sees, at the same path: a shared filesystem such as NFS/Filestore "

@@ -1,0 +1,257 @@
+"""Each row of the global batch as its own deterministic stream, and what every batch
+iterator does with rows (pipeline.BatchIterator in this process, workers.WorkerBatchIterator
+in worker processes): stack their examples into a batch, and check a saved per-row state.
+
+Row r of R reads each task's source at r, r + R, r + 2R, ... (RowSlice), shuffled per epoch
+with a seed of its own (EpochShuffle), repeated, preprocessed, mixed over tasks with a draw
+per element (RandomMix), then packed by the feature converter.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import grain
+import numpy as np
+
+from t5lite.data import cache
+from t5lite.data.preprocessors import apply_preprocessors, derive_seed
+from t5lite.data.registry import Mixture, Task
+from t5lite.errors import ConfigError
+
+
+class RowSlice(grain.MapDataset):
+  """Elements row, row + rows, row + 2 * rows, ... of a random-access source.
+
+  The same elements as `grain.MapDataset.source(source).slice(slice(row, None, rows))`,
+  read with one indexing: grain's source wrapper and slice cost ~20 us per element (metrics,
+  byte-size estimates), more than reading an in-memory document. Indices past len() wrap
+  round (later epochs), as with grain's. Example: source [a b c d e], row 1, rows 2 -> [b d],
+  and index 2 -> b.
+  """
+
+  def __init__(self, source, row: int, rows: int):
+    super().__init__()
+    self._source, self._row, self._rows = source, row, rows
+    self._length = len(range(row, len(source), rows))
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    return self._source[self._row + self._rows * (index % self._length)]
+
+  def __str__(self) -> str:
+    return f"RowSlice(row={self._row}, rows={self._rows})"
+
+
+class EpochShuffle(grain.MapDataset):
+  """A fresh shuffle of the parent per epoch, from (seed, epoch): a full permutation, or
+  (window=W) permutations within consecutive windows of W elements, the last one shorter.
+
+  Indices past len() address later epochs, so `.repeat()` on top reshuffles every epoch.
+  Only one window's permutation is held at a time. (grain's index_shuffle costs ~5 ms per
+  index on small row slices, and its window shuffle fails on a partial last window.)
+  Example: 5 elements, window 2 -> each epoch permutes [0 1], [2 3] and [4] separately.
+  """
+
+  def __init__(self, parent: grain.MapDataset, seed: int, window: int | None = None):
+    super().__init__(parent)
+    self._seed, self._window = seed, window or len(parent)
+    self._key, self._permutation = None, None
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    epoch, position = divmod(index, len(self._parent))
+    window, offset = divmod(position, self._window)
+    if self._key != (epoch, window):
+      start = window * self._window
+      size = min(self._window, len(self._parent) - start)
+      rng = np.random.default_rng([self._seed, epoch, window])
+      self._permutation = start + rng.permutation(size)
+      self._key = (epoch, window)
+    return self._parent[epoch * len(self._parent) + int(self._permutation[offset])]
+
+
+class _RandomMixIterator(grain.DatasetIterator):
+  """Draws each element's task from (seed, element index): stateless and resumable."""
+
+  def __init__(self, parents, weights, seed: int):
+    super().__init__(list(parents))
+    self._weights = np.asarray(weights, np.float64) / np.sum(weights)
+    self._seed, self._index = seed, 0
+    self._exhausted: list[int] = []  # finite epochs: finished tasks leave the draw
+
+  def __next__(self):
+    while True:
+      weights = self._weights.copy()
+      weights[self._exhausted] = 0.0
+      if not weights.sum():
+        raise StopIteration
+      choice = np.random.default_rng([self._seed, self._index]).choice(
+          len(weights), p=weights / weights.sum())
+      self._index += 1
+      try:
+        return next(self._parents[choice])
+      except StopIteration:
+        self._exhausted.append(int(choice))
+
+  def get_state(self):
+    return {"index": self._index, "exhausted": list(self._exhausted),
+            "parents": [p.get_state() for p in self._parents]}
+
+  def set_state(self, state):
+    self._index, self._exhausted = state["index"], list(state["exhausted"])
+    for parent, parent_state in zip(self._parents, state["parents"]):
+      parent.set_state(parent_state)
+
+
+class RandomMix(grain.IterDataset):
+  """Mixes datasets by weight with an independent draw per element (seeded per row), so
+  rows of one batch mix tasks independently (grain's mix follows one fixed schedule, which
+  gives every row the same task at the same step)."""
+
+  def __init__(self, parents, weights, seed: int):
+    super().__init__(list(parents))
+    self._weights, self._seed = list(weights), seed
+
+  def __iter__(self):
+    return _RandomMixIterator([iter(p) for p in self._parents], self._weights, self._seed)
+
+
+class _EmptyRowGuard(grain.MapDataset):
+  """Counts a row's source reads and its preprocessed outputs, so a row whose preprocessing
+  drops everything fails with a clear message instead of looping for ever.
+
+  "Everything" = no output in at least two epochs and 1,024 reads (steps such as
+  concatenating 128 documents legitimately read many before their first output).
+  """
+
+  def __init__(self, parent: grain.MapDataset, what: str):
+    super().__init__(parent)
+    self.reads, self.outputs, self._what = 0, 0, what
+
+  def __len__(self) -> int:
+    return len(self._parent)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    self.reads += 1
+    if not self.outputs and self.reads > max(2 * len(self._parent), 1024):
+      raise ConfigError(f"{self._what}: preprocessing dropped every one of its "
+                        f"{len(self._parent)} source examples (read {self.reads - 1} times). "
+                        "Use a smaller global batch size or more data.")
+    return self._parent[index]
+
+
+class _CountingIterator(grain.DatasetIterator):
+  def __init__(self, parent, guard: _EmptyRowGuard):
+    super().__init__(parent)
+    self._guard = guard
+
+  def __next__(self):
+    element = next(self._parent)
+    self._guard.outputs += 1
+    return element
+
+  def get_state(self):
+    return self._parent.get_state()
+
+  def set_state(self, state):
+    self._parent.set_state(state)
+
+
+class _Counting(grain.IterDataset):
+  def __init__(self, parent: grain.IterDataset, guard: _EmptyRowGuard):
+    super().__init__(parent)
+    self._guard = guard
+
+  def __iter__(self):
+    return _CountingIterator(iter(self._parent), self._guard)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """Everything the batch sequence depends on (besides the data)."""
+  global_batch_size: int
+  task_feature_lengths: Mapping[str, int]
+  split: str = "train"
+  seed: int = 0
+  shuffle: bool = True
+  num_epochs: int | None = None  # None = repeat forever
+  use_cached: bool = False
+  cache_dir: str | None = None
+
+
+def task_row_dataset(task: Task, row: int, config: PipelineConfig) -> grain.IterDataset:
+  """Row `row`'s stream of preprocessed examples of one task."""
+  start = 0
+  source = None
+  if config.use_cached:
+    source = cache.cached_source(task, config.split, config.cache_dir)
+    start = task.cache_index + 1
+  if source is None:
+    source = task.get_source(config.split)
+  n, rows = len(source), config.global_batch_size
+  if n < rows:
+    raise ConfigError(f"task {task.name!r} split {config.split!r} has {n} examples, fewer than "
+                      f"the global batch size {rows}: some batch rows would have no data")
+  ds = RowSlice(source, row, rows)
+  if config.shuffle:
+    ds = EpochShuffle(ds, derive_seed(config.seed, task.name, row), task.shuffle_buffer_size)
+  ds = guard = _EmptyRowGuard(ds, f"task {task.name!r} split {config.split!r} batch row {row}")
+  # No per-row read threads: a process runs many rows, and threads per row cost more than
+  # they save on in-memory preprocessing.
+  ds = ds.repeat(config.num_epochs).to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  steps = list(enumerate(task.preprocessors))[start:]
+  ds = apply_preprocessors(ds, task, steps, sequence_length=config.task_feature_lengths,
+                           seed=derive_seed(config.seed, task.name, row, "preprocess"))
+  return _Counting(ds, guard)
+
+
+def row_dataset(mixture_or_task: Task | Mixture, row: int, config: PipelineConfig,
+                converter) -> grain.IterDataset:
+  """Row `row`: the task (or the mixture of its tasks by rate), then the feature converter."""
+  if isinstance(mixture_or_task, Mixture):
+    pairs = [(t, rate) for t, rate in mixture_or_task.task_rates(config.split) if rate > 0]
+    ds = RandomMix([task_row_dataset(t, row, config) for t, _ in pairs],
+                   [rate for _, rate in pairs],
+                   derive_seed(config.seed, mixture_or_task.name, row, "mix"))
+  else:
+    ds = task_row_dataset(mixture_or_task, row, config)
+  return converter(ds, config.task_feature_lengths)
+
+
+def assemble_batch(rows: list[int], examples: Mapping[int, dict | None]) -> dict[str, np.ndarray]:
+  """Stacks the rows' examples in row order. A finished row (None: finite epochs) becomes an
+  all-zero row (segment ids and loss weights 0) until every row is finished; then
+  StopIteration. Rows hold different numbers of examples, so no example is dropped."""
+  present = [ex for ex in examples.values() if ex is not None]
+  if not present:
+    raise StopIteration
+  blank = {k: np.zeros_like(v) for k, v in present[0].items()}
+  ordered = [blank if examples[r] is None else examples[r] for r in rows]
+  return {k: np.stack([ex[k] for ex in ordered]) for k in present[0]}
+
+
+def check_state(config: PipelineConfig, fingerprint_: str, rows, state: Mapping[str, Any]) -> None:
+  """A saved state fits this run: same seed, global batch size, task, split, lengths and
+  converter, and every row of ours present."""
+  for key in ("global_batch_size", "seed"):
+    if state[key] != getattr(config, key):
+      raise ConfigError(f"data state was saved with {key}={state[key]}, this run has "
+                        f"{getattr(config, key)}: the batch sequence would differ")
+  if state.get("fingerprint") != fingerprint_:
+    raise ConfigError(f"data state was saved for {state.get('fingerprint')}, this run reads "
+                      f"{fingerprint_}: restoring it would skip or repeat examples")
+  missing = [r for r in rows if str(r) not in state["rows"]]
+  if missing:
+    raise ValueError(f"data state lacks rows {missing[:5]}... (merge every process's state)")

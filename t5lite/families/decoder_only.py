@@ -1,0 +1,43 @@
+"""The decoder-only family: a causal LM, or a prefix LM (ModelConfig.prefix_lm).
+
+Batches (DecoderOnlyFeatureConverter): inputs and targets concatenated into one stream,
+decoder_input_tokens / decoder_target_tokens / decoder_loss_weights (the loss covers the
+targets only), and decoder_causal_attention marking a prefix LM's bidirectional prefix.
+Decoding continues a prompt in the same stream, so it can be prompted few-shot.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from t5lite.data import converters, pretraining
+from t5lite.families.base import Family, attention_params, mlp_params
+from t5lite.families.registry import register
+
+
+@register
+class DecoderOnlyFamily(Family):
+  """GPT-style language models (RoPE, SwiGLU, RMSNorm or the classic options)."""
+
+  name = "decoder_only"
+  token_features = ("decoder_target_tokens",)
+  decodes = True
+  continues_prompts = True
+
+  def converter(self, pack: bool = True) -> converters.FeatureConverter:
+    return converters.DecoderOnlyFeatureConverter(pack=pack, prefix_lm=self.config.prefix_lm)
+
+  def pretraining_preprocessors(self, vocabulary) -> list:
+    """Next-token prediction over concatenated text; a prefix LM splits each piece into a
+    bidirectional prefix and its continuation."""
+    if self.config.prefix_lm:
+      return pretraining.prefix_lm_preprocessors()
+    return pretraining.causal_lm_preprocessors()
+
+  def flops_per_example(self, lengths: Mapping[str, int]) -> float:
+    """One stack over the stream's L positions (inputs and targets together):
+    6*[P_dec*L + d*V*L] + 12*h*d_kv*n_dec*L^2."""
+    c = self.config
+    length = lengths["decoder_target_tokens"]
+    p_dec = c.num_decoder_layers * (attention_params(c) + mlp_params(c))
+    return float(6 * (p_dec + c.d_model * c.vocab_size) * length
+                 + 12 * c.num_heads * c.d_kv * c.num_decoder_layers * length**2)

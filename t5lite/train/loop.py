@@ -1,0 +1,172 @@
+"""The training loop: steps, and after each the periodic actions that are due.
+
+    result = run(trainer, checkpointer, sigterm, log)    # t5lite.train.trainer.train calls it
+
+  restore or init -> compile -> [step -> due actions: (log) (eval) (checkpoint) (SIGTERM?)]*
+
+Each step is dispatched with the state, an on-device metrics window and the global batch
+(step.windowed_train_step): the step adds its metrics into the window, and the host reads
+nothing back until an action that looks at the metrics or the state is due (loop.host(): one
+device-to-host read of the window and the step's metrics). So the host fetches and places the
+next batch while the device runs the step, and dispatches step k + 1 before step k is done.
+
+Non-finite steps are found at those reads: with StepConfig.nonfinite='stop' the window froze
+the state at the first non-finite step (no update applied since), and the run stops with an
+error naming that step, before any checkpoint or eval sees the state; with 'skip' the log
+rows count the dropped updates (skipped_steps).
+
+The step is compiled ahead of time, before the first step: its compile time is recorded once
+(compile_s in the first metrics row) and stays out of tokens/s and MFU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from t5lite.runtime import preemption
+from t5lite.runtime import partitioning as part
+from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine
+from t5lite.runtime.processes import all_flags
+from t5lite.train.actions import Action, Clock, Evaluate, default_actions
+from t5lite.train.step import new_window
+
+Tree = Any
+
+
+@dataclasses.dataclass
+class TrainResult:
+  step: int
+  """The step the run ended at."""
+  losses: dict[int, float]
+  """Training loss of every logged step of this process's run (step -> loss)."""
+  preempted: bool = False
+  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  """The last evaluation's figures, keyed like metrics.jsonl (eval/<task>/<metric>)."""
+  eval_step: int | None = None
+  """The step of eval_metrics."""
+
+
+def fetch(tree: Tree) -> Tree:
+  """Device -> host: the loop's only read of the device, so that tests can count them."""
+  return jax.device_get(tree)
+
+
+class Loop:
+  """Where the run is and its pieces: what the actions see and change."""
+
+  def __init__(self, trainer, checkpointer, batches, writer: MetricsWriter, result,
+               sigterm: preemption.SigtermFlag, log: Callable[[str], None]):
+    self.trainer, self.checkpointer, self.batches = trainer, checkpointer, batches
+    self.writer, self.result, self.sigterm, self.log = writer, result, sigterm, log
+    self.step = result.step
+    self.last = False
+    self.stopping = False        # SIGTERM was agreed after the previous step: save and return
+    self.stop_requested = False  # agreed after this step
+    self.state = self.window = self.metrics = None
+    self.feature_lengths: dict[str, int] = {}  # of the model features (batch columns)
+    self.compile_s: float | None = None
+    self.clock = Clock()
+    self.progress = ProgressLine(trainer.config.train_steps, start_step=self.step)
+    self._host = None  # (window, metrics) read at this step, or None
+
+  def advance(self) -> None:
+    """Counts the step just dispatched; nothing of it has been read yet."""
+    self.step += 1
+    self.last = self.step == self.trainer.config.train_steps
+    self._host = None
+
+  def reset_window(self) -> None:
+    """Opens a new metrics window (after a log) and restarts the throughput clock."""
+    self.window = jax.device_put(new_window(), self.trainer.replicated)
+    self.clock.restart()
+
+  def host(self) -> tuple[dict, dict]:
+    """(window, the step's metrics) as Python numbers: one device read per step at most.
+    With nonfinite='stop', a window holding a non-finite step ends the run here."""
+    if self._host is None:
+      window, metrics = fetch((self.window, self.metrics))
+      window = {k: int(v) if k != "loss_sum" else float(v) for k, v in window.items()}
+      metrics = {k: float(v) for k, v in metrics.items() if k != "nonfinite"}
+      self._host = (window, metrics)
+      if window["first_nonfinite"] >= 0 and self.trainer.config.step.nonfinite == "stop":
+        self._stop_nonfinite(window["first_nonfinite"])
+    return self._host
+
+  def _stop_nonfinite(self, step: int) -> None:
+    last = self.checkpointer.latest_step()
+    raise FloatingPointError(
+        f"non-finite loss or gradients at step {step}; the run stops, no update was applied "
+        f"from that step on (the state in memory is the one before it). Last checkpoint: "
+        f"{last if last is not None else 'none'}. Lower the learning rate, check the data, "
+        "or set StepConfig.nonfinite='skip' to drop such updates")
+
+
+def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
+        log: Callable[[str], None], actions: list[Action] | None = None):
+  """Trains from MODEL_DIR's newest checkpoint (or INITIAL_CHECKPOINT_PATH, or a fresh init)
+  to TRAIN_STEPS; returns the TrainResult."""
+  config = trainer.config
+  batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
+                            config.data_workers)
+  state, step = trainer.initial_state(checkpointer, batches, log)
+  result = TrainResult(step=step, losses={})
+  if step >= config.train_steps:
+    log(f"t5lite: already at step {step} >= TRAIN_STEPS={config.train_steps}; nothing to do "
+        "(raise TRAIN_STEPS to train on)")
+    return result
+  actions = default_actions(config) if actions is None else actions
+  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
+  loop = Loop(trainer, checkpointer, batches, writer, result, sigterm, log)
+  loop.state = state
+  try:
+    if config.run_eval_before_training and (config.eval_period or config.infer_eval_period):
+      evaluate = next(a for a in actions if isinstance(a, Evaluate))
+      evaluate.run(loop, loss=bool(config.eval_period), infer=bool(config.infer_eval_period))
+    if any(all_flags(sigterm.requested)):  # SIGTERM during startup: nothing new to save
+      log(f"t5lite: preempted (SIGTERM) before the first step, at step {step}: nothing new "
+          "to save; rerun the same command to resume")
+      result.preempted = True
+      return result
+    _train(loop, actions)
+  finally:
+    writer.close()
+  result.step = loop.step
+  return result
+
+
+def _train(loop: Loop, actions: list[Action]) -> None:
+  trainer, config = loop.trainer, loop.trainer.config
+  host_batch = next(loop.batches)
+  loop.feature_lengths = {k: np.shape(v)[1] for k, v in host_batch.items() if np.ndim(v) > 1}
+  loop.reset_window()
+  batch = part.global_batch(host_batch, trainer.mesh)
+  start = time.perf_counter()
+  step_fn = trainer.step_fn.lower(loop.state, loop.window, batch).compile()
+  loop.compile_s = time.perf_counter() - start
+  loop.clock.restart()
+  while loop.step < config.train_steps:
+    loop.state, loop.window, loop.metrics = step_fn(loop.state, loop.window, batch)
+    loop.advance()  # the device runs the step while the host goes on
+    due = [a for a in actions if a.due(loop)]
+    for action in due:
+      action.before_next_batch(loop)
+    if not (loop.last or loop.stopping):
+      # Host data work (and placing the batch on the devices) overlaps the device step.
+      batch = part.global_batch(next(loop.batches), trainer.mesh)
+    if any(a.reads_state for a in due):
+      loop.host()  # one read; stops here on a non-finite step ('stop')
+    for action in due:
+      start = time.perf_counter()
+      action.run(loop)
+      if action.pauses_clock:
+        loop.clock.pause_for(time.perf_counter() - start)
+    if loop.stopping and not loop.last:
+      loop.log(f"t5lite: preempted (SIGTERM): saved checkpoint {loop.step}; rerun the same "
+               "command to resume")
+      loop.result.preempted = True
+      return
+    loop.stopping = loop.stop_requested

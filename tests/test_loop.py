@@ -1,0 +1,73 @@
+"""The training loop: the host reads the device only when an action needs it, metrics.jsonl
+rows (the step's loss, the window's loss_mean, compile_s once), actions own their schedule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import train_tasks  # noqa: F401 (registers train_test_copy)
+from helpers import BYTE_VOCAB_SIZE, metrics_records, quiet, tiny, train_config
+from t5lite.runtime.checkpoints import CheckpointConfig
+from t5lite.train import loop as loop_lib
+from t5lite.train.actions import Action, default_actions
+from t5lite.train.trainer import train
+
+MODEL = tiny(vocab_size=BYTE_VOCAB_SIZE)
+
+
+def test_the_host_reads_the_device_only_when_a_log_is_due(tmp_path, monkeypatch):
+  """12 steps, a log every 4: three reads of the device in all (steps 4, 8, 12): the host
+  dispatches the steps in between without waiting for them."""
+  reads = []
+  fetch = loop_lib.fetch
+  monkeypatch.setattr(loop_lib, "fetch", lambda tree: reads.append(tree) or fetch(tree))
+  config = train_config(tmp_path, train_steps=12, log_period=4,
+                        checkpoint=CheckpointConfig(period=100, async_save=False))
+  result = train(MODEL, config, log=quiet)
+  assert result.step == 12 and sorted(result.losses) == [4, 8, 12]
+  assert len(reads) == 3
+
+
+@pytest.mark.slow
+def test_rows_hold_the_step_loss_the_window_mean_and_compile_time_once(tmp_path):
+  every = train(MODEL, train_config(tmp_path / "every", train_steps=8, log_period=1),
+                log=quiet).losses
+  train(MODEL, train_config(tmp_path / "four", train_steps=8, log_period=4), log=quiet)
+  rows = [r for r in metrics_records(tmp_path / "four") if "loss" in r]
+  assert [r["step"] for r in rows] == [4, 8]
+  for row, window in zip(rows, ([1, 2, 3, 4], [5, 6, 7, 8])):
+    assert row["loss"] == every[row["step"]]  # the logged step's own loss, bitwise
+    np.testing.assert_allclose(row["loss_mean"], np.mean([every[s] for s in window]),
+                               rtol=1e-6)
+    assert row["skipped_steps"] == 0 and row["tokens_per_s"] > 0
+  assert rows[0]["compile_s"] > 0 and "compile_s" not in rows[1]
+
+
+class CountingAction(Action):
+  """Due every third step, reads nothing: proves a new action needs no change to the loop."""
+
+  reads_state = False
+
+  def __init__(self):
+    self.steps = []
+
+  def due(self, loop):
+    return loop.step % 3 == 0
+
+  def run(self, loop):
+    self.steps.append(loop.step)
+
+
+def test_an_added_action_runs_on_its_own_schedule(tmp_path, monkeypatch):
+  counting = CountingAction()
+  reads = []
+  fetch = loop_lib.fetch
+  monkeypatch.setattr(loop_lib, "fetch", lambda tree: reads.append(tree) or fetch(tree))
+  config = train_config(tmp_path, train_steps=10, log_period=5,
+                        checkpoint=CheckpointConfig(period=100, async_save=False))
+  original = loop_lib.run
+  monkeypatch.setattr(loop_lib, "run", lambda *a, **k: original(
+      *a, actions=default_actions(config) + [counting], **k))
+  train(MODEL, config, log=quiet)
+  assert counting.steps == [3, 6, 9]
+  assert len(reads) == 2  # the logs at 5 and 10; the counting action read nothing

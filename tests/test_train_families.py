@@ -1,0 +1,96 @@
+"""Decoder-only (causal LM, prefix LM) and encoder-only (MLM) models trained by the trainer.
+
+test_trainer.py runs encoder-decoders through t5lite.train.trainer.train; here the other
+families go the same way, on the small tasks of train_tasks.py (the same word documents as
+causal LM, prefix LM and BERT MLM examples): the trainer picks each family's feature
+converter and loss from ModelConfig.architecture, the loss falls within 30 steps, metrics.jsonl
+holds a row per logged step and the end-of-run eval, and a causal LM resumed from a checkpoint
+(dropout on) continues with the very losses and params of the uninterrupted run.
+"""
+import os
+import shutil
+
+import pytest
+
+import train_tasks  # noqa: F401 (registers train_test_lm, train_test_prefix_lm, train_test_mlm)
+from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records,
+                     quiet, tiny_decoder_only, tiny_encoder_only, train_config)
+from t5lite.runtime.checkpoints import CheckpointConfig
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.trainer import train
+
+STEPS, LOG_PERIOD, CHECKPOINT_PERIOD = 30, 5, 10
+# family -> (model, task, task feature lengths)
+FAMILIES = {
+    "causal_lm": (tiny_decoder_only(dropout_rate=0.1), "train_test_lm", {"targets": 32}),
+    "prefix_lm": (tiny_decoder_only(prefix_lm=True), "train_test_prefix_lm",
+                  {"inputs": 16, "targets": 16}),
+    "mlm": (tiny_encoder_only(), "train_test_mlm", {"inputs": 32}),
+}
+
+
+def run_config(model_dir, family: str):
+  """STEPS AdamW steps (constant 1e-2) on the family's task, logged every LOG_PERIOD, one
+  2-batch eval at the end, a checkpoint every CHECKPOINT_PERIOD (all kept)."""
+  _, task, lengths = FAMILIES[family]
+  return train_config(model_dir, train_steps=STEPS, mixture_or_task_name=task,
+                      task_feature_lengths=lengths, log_period=LOG_PERIOD, eval_period=STEPS,
+                      eval_steps=2,
+                      optimizer=OptimizerConfig(name="adamw", schedule=ScheduleConfig(
+                          "constant", 1e-2, warmup_steps=0)),
+                      checkpoint=CheckpointConfig(period=CHECKPOINT_PERIOD, keep=None))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """family -> (model dir, TrainResult) of an uninterrupted STEPS-step run, made on first use."""
+  done = {}
+
+  def run(family):
+    if family not in done:
+      model_dir = tmp_path_factory.mktemp(family)
+      done[family] = model_dir, train(FAMILIES[family][0], run_config(model_dir, family),
+                                      log=quiet)
+    return done[family]
+  return run
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_loss_falls_and_metrics_jsonl_has_every_logged_step(runs, family):
+  model_dir, result = runs(family)
+  _, task, _ = FAMILIES[family]
+  records = metrics_records(model_dir)
+  rows = [r for r in records if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(LOG_PERIOD, STEPS + 1, LOG_PERIOD))
+  assert {"learning_rate", "accuracy", "grad_norm", "tokens_per_s"} <= set(rows[0])
+  assert logged_losses(model_dir) == {r["step"]: r["loss"] for r in rows}
+  first, last = rows[0]["loss"], rows[-1]["loss"]
+  assert last < 0.8 * first, [r["loss"] for r in rows]
+  assert 0.0 <= rows[-1]["accuracy"] <= 1.0
+  # The end-of-run eval of the validation split goes through the family's loss too.
+  [evaluation] = [r for r in records if f"eval/{task}/loss" in r]
+  assert evaluation["step"] == STEPS and 0 < evaluation[f"eval/{task}/loss"] < first
+  assert result.step == STEPS
+
+
+@pytest.mark.slow
+def test_a_resumed_causal_lm_continues_bitwise(runs, tmp_path):
+  """Restarted from its step-10 checkpoint (params, optimizer state, data position, dropout
+  rng), the run logs the losses and ends with the params of the uninterrupted one."""
+  reference, _ = runs("causal_lm")
+  model_dir = tmp_path / "resumed"
+  shutil.copytree(reference, model_dir)
+  for step in os.listdir(model_dir / "checkpoints"):
+    if step.isdigit() and int(step) > CHECKPOINT_PERIOD:
+      shutil.rmtree(model_dir / "checkpoints" / step)
+  os.remove(model_dir / "metrics.jsonl")
+  result = train(FAMILIES["causal_lm"][0], run_config(model_dir, "causal_lm"), log=quiet)
+  assert sorted(result.losses) == list(range(CHECKPOINT_PERIOD + LOG_PERIOD, STEPS + 1,
+                                             LOG_PERIOD))
+  expected = logged_losses(reference)
+  assert logged_losses(model_dir) == {s: expected[s] for s in result.losses}  # bitwise
+  _, params, step = checkpoint_params(model_dir)
+  _, expected_params, expected_step = checkpoint_params(reference)
+  assert step == expected_step == STEPS
+  assert_trees_equal(params, expected_params)
