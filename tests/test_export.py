@@ -42,7 +42,8 @@ def run(*argv):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-  """A tiny T5 v1.1 (untied, gated-GELU) trained 3 steps on the byte-vocabulary copy task."""
+  """A tiny T5 v1.1 (untied, gated-GELU) trained 3 steps on the byte-vocabulary copy task
+  (a training run: the tests that use it are marked slow)."""
   directory = tmp_path_factory.mktemp("run")
   train(tiny(vocab_size=384), train_config(
       directory, task_feature_lengths={"inputs": 32, "targets": 16}), log=quiet)
@@ -56,6 +57,7 @@ def inputs(seed, vocab=384):
   return x
 
 
+@pytest.mark.slow
 def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained, tmp_path):
   out = tmp_path / "hf"
   run("export", "hf", "--checkpoint", trained, "--out", str(out))
@@ -184,6 +186,7 @@ def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trai
   assert result.step == step + 2 and np.isfinite(list(result.losses.values())).all()
 
 
+@pytest.mark.slow
 def test_exports_never_write_into_a_non_empty_folder(trained, tmp_path, capsys):
   (tmp_path / "keep.txt").write_text("mine")
   for fmt in ("hf", "params"):

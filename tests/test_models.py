@@ -26,6 +26,14 @@ VARIANTS = {
                                  scale_logits=True, max_position_embeddings=64),
 }
 
+# The other encoder-decoder options (T5 v1.0's ReLU and tied logits, sinusoidal + ReGLU, RoPE
+# + LayerNorm) of the per-variant checks run in `make test`; `make test-fast` keeps a variant
+# per family.
+FAST_VARIANTS = ("t5_v1_1", "decoder_only_rope_swiglu", "decoder_only_prefix_lm",
+                 "encoder_only_learned")
+VARIANT_PARAMS = [name if name in FAST_VARIANTS else pytest.param(name, marks=pytest.mark.slow)
+                  for name in sorted(VARIANTS)]
+
 
 def inputs_for(config, tokens, segments=None, positions=None, targets=None,
                target_segments=None, target_positions=None, prefix=None):
@@ -47,7 +55,7 @@ def random_tokens(shape, seed=0, low=3):
   return np.random.RandomState(seed).randint(low, 128, shape).astype(np.int32)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_shapes_and_finite(name):
   config = VARIANTS[name]
   params = init_params(config, 0)
@@ -68,7 +76,7 @@ def _pack(a, b, pad):
   return tokens, segments, positions
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_packed_segments_and_padding_never_leak(name):
   """Each packed segment's output equals running it alone; pad values change nothing."""
   config = VARIANTS[name]

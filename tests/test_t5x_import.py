@@ -191,7 +191,8 @@ def _assert_imported(out: str, config, params, step: int):
 
 
 @pytest.mark.parametrize("config", [V10, V11], ids=["v1.0", "v1.1"])
-@pytest.mark.parametrize("layout", ["msgpack", "orbax", "orbax_aggregate"])
+@pytest.mark.parametrize("layout", ["msgpack", "orbax",
+                                    pytest.param("orbax_aggregate", marks=pytest.mark.slow)])
 def test_import_is_bitwise_and_gives_the_same_logits(layout, config, spm_file, tmp_path, capsys):
   params = init_params(config, 1)
   target = t5x_target(config, params)
