@@ -7,7 +7,6 @@ import functools
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import jax
 import numpy as np
