@@ -8,7 +8,6 @@ ids to get HF's behaviour without an attention mask.
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
@@ -146,8 +145,3 @@ def make_model(config: ModelConfig, *, enable_dropout: bool = False,
   (> 0: incremental decoding with a key/value cache of that many positions)."""
   kwargs = dict(cache_length=cache_length) if cache_length else {}
   return MODEL_CLASSES[config.architecture](config, deterministic=not enable_dropout, **kwargs)
-
-
-def model_inputs(config: ModelConfig, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """The subset of a converted batch that the model's __call__ takes."""
-  return {k: batch[k] for k in MODEL_CLASSES[config.architecture].INPUTS if k in batch}
