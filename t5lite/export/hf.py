@@ -6,21 +6,29 @@ each stack. transformers 5.x always says `tie_word_embeddings: true` and records
 scaling as `scale_decoder_outputs`; 4.x-era configs use `tie_word_embeddings` for both, so an
 export needs tie_output_embedding == scale_logits (the combinations both read alike).
 A model is untied when its checkpoint has an `lm_head.weight` that differs from `shared.weight`.
+
+Untrusted input (limits.py): load_hf checks config.json's sizes (integers, the parameters they
+imply under the import ceiling) and then that the weight files hold that many values (the
+safetensors headers' shapes, read before the data), before it reads weights or builds the
+model. Every file it opens must lie inside the directory: a symlink out is refused.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Mapping
 
 import ml_dtypes
 import numpy as np
+import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
+from t5lite.export import limits
 from t5lite.families import family_of
-from t5lite.models.config import ModelConfig
+from t5lite.models.config import GATED_ACTIVATIONS, ModelConfig
 from t5lite.models.params import Params, abstract_params, scan_params, unscan_params
 from t5lite.models.transformer import CROSS_ATTENTION
 
@@ -35,6 +43,12 @@ TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # load_hf overrides may change how a model runs, never what it is.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "dropout_rate")
+# config.json sizes -> ModelConfig fields; each must be a positive integer.
+SIZE_FIELDS = {"vocab_size": "vocab_size", "d_model": "d_model", "d_ff": "d_ff",
+               "num_heads": "num_heads", "d_kv": "d_kv", "num_layers": "num_encoder_layers",
+               "num_decoder_layers": "num_decoder_layers",
+               "relative_attention_num_buckets": "relative_attention_num_buckets",
+               "relative_attention_max_distance": "relative_attention_max_distance"}
 
 
 # --- config ---------------------------------------------------------------------------------
@@ -87,30 +101,67 @@ def config_to_hf(config: ModelConfig) -> dict:
   }
 
 
+def hf_sizes(hf: Mapping, where: str = "config.json") -> dict[str, int]:
+  """config.json's sizes by HF name, each checked to be a positive integer (a ConfigError
+  names the field otherwise); num_decoder_layers defaults to num_layers, as in HF."""
+  if not isinstance(hf, Mapping):
+    raise ConfigError(f"{where}: a JSON {type(hf).__name__}, not an object of settings")
+  defaults = {"num_decoder_layers": None, "relative_attention_num_buckets": 32,
+              "relative_attention_max_distance": 128}
+  sizes = {}
+  for field in SIZE_FIELDS:
+    if field not in hf and field not in defaults:
+      raise ConfigError(f"{where} lacks {field!r}: not an HF T5 config")
+    value = hf.get(field, defaults.get(field))
+    if field == "num_decoder_layers" and (value is None or (value == 0 and value is not False)):
+      value = sizes["num_layers"]  # HF's T5Config: None (or 0) means as many as the encoder
+    sizes[field] = limits.size_field(value, field, where)
+  return sizes
+
+
+def implied_params(sizes: Mapping[str, int], gated: bool) -> int:
+  """Parameters an HF T5 config implies (Python ints: no overflow), lm_head left out."""
+  d, f, h, k = sizes["d_model"], sizes["d_ff"], sizes["num_heads"], sizes["d_kv"]
+  attention, mlp = 4 * d * h * k, (3 if gated else 2) * d * f
+  return (sizes["vocab_size"] * d + 2 * sizes["relative_attention_num_buckets"] * h + 2 * d
+          + sizes["num_layers"] * (attention + mlp + 2 * d)
+          + sizes["num_decoder_layers"] * (2 * attention + mlp + 3 * d))
+
+
+def check_claim(hf: Mapping, where: str, max_params: int | None = None) -> tuple[int, str]:
+  """The parameters config.json implies, refused over the import ceiling (a lone size over
+  it is named alone), and what claims them: to be checked against the weight files."""
+  sizes = hf_sizes(hf, where)
+  ceiling = limits.max_import_params(max_params)
+  for field, value in sizes.items():
+    if value > ceiling:
+      raise ConfigError(f"{where}: {field}={value:,} is over the import ceiling of "
+                        f"{ceiling:,} parameters ({limits.HOW_TO_RAISE})")
+  proj = hf.get("feed_forward_proj", "relu")
+  gated = isinstance(proj, str) and FROM_HF_ACTIVATION.get(proj) in GATED_ACTIVATIONS
+  claimed = implied_params(sizes, gated)
+  named = ", ".join(f"{k}={v:,}" for k, v in sizes.items())
+  limits.check_ceiling(claimed, f"{where} ({named})", ceiling)
+  return claimed, f"{where} ({named})"
+
+
 def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
   """ModelConfig from HF config.json contents; `tied` comes from the weights (see module doc)."""
   if hf.get("model_type", "t5") not in ("t5", "mt5"):  # mT5 shares T5's layout
     raise ConfigError(f"model_type={hf.get('model_type')!r}: only HF T5 checkpoints can be read")
   proj = hf.get("feed_forward_proj", "relu")
-  if proj not in FROM_HF_ACTIVATION:
+  if not isinstance(proj, str) or proj not in FROM_HF_ACTIVATION:
     raise ConfigError(f"feed_forward_proj={proj!r} has no t5lite equivalent; "
                       f"supported: {sorted(FROM_HF_ACTIVATION)}")
   # 5.x: scale_decoder_outputs; 4.x-era: tie_word_embeddings also meant "scale" (default True).
   scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+  sizes = {SIZE_FIELDS[field]: value for field, value in hf_sizes(hf).items()}
   values = dict(  # ModelConfig's default architecture: T5's encoder-decoder
-      vocab_size=hf["vocab_size"],
-      d_model=hf["d_model"],
-      d_ff=hf["d_ff"],
-      num_heads=hf["num_heads"],
-      d_kv=hf["d_kv"],
-      num_encoder_layers=hf["num_layers"],
-      num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+      **sizes,
       mlp_activation=FROM_HF_ACTIVATION[proj],
       norm="rms",
       layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
       position_encoding="relative_bias",
-      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
-      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
       tie_output_embedding=tied,
       scale_logits=bool(scale),
       dropout_rate=hf.get("dropout_rate", 0.1),  # HF's T5Config default
@@ -237,24 +288,34 @@ def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
 
 
 def _index_shards(index_path: str) -> list[str]:
-  """The shard files an index names; each must be a plain file name beside the index, so an
-  untrusted index cannot point reads outside its directory."""
+  """The shard files an index names; each must be a plain file name beside the index (and no
+  symlink out of it), so an untrusted index cannot point reads outside its directory."""
   try:
-    with open(index_path, encoding="utf-8") as f:
-      weight_map = json.load(f)["weight_map"]
-  except (ValueError, KeyError, TypeError) as e:
+    weight_map = limits.read_json(index_path)["weight_map"]
+    names = sorted(set(map(str, weight_map.values())))
+  except (KeyError, TypeError, AttributeError) as e:
     raise ConfigError(f"{index_path}: not a valid weight index ({type(e).__name__}: {e})") from e
   directory = os.path.dirname(os.path.abspath(index_path))
   shards = []
-  for shard in sorted(set(weight_map.values())):
-    path = os.path.join(directory, str(shard))
-    if (os.path.basename(str(shard)) != shard or
-        os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory)):
+  for shard in names:
+    if not shard or os.path.basename(shard) != shard or shard in (".", ".."):
       raise ConfigError(f"{index_path} names shard {shard!r} outside its directory; refused")
-    if not os.path.isfile(path):
+    path = limits.file_inside(directory, shard)
+    if path is None or not os.path.isfile(path):
       raise ConfigFileNotFoundError(f"{index_path} names shard {shard}, which is missing")
     shards.append(path)
   return shards
+
+
+def _safetensors_values(path: str) -> int:
+  """How many values a safetensors file holds, from its header alone (exact shapes; the
+  library checks them against the file's length) and before any data is read."""
+  try:
+    with safetensors.safe_open(path, framework="numpy") as f:
+      return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+  except Exception as e:  # SafetensorError, OSError
+    raise ConfigError(f"{path} cannot be read (truncated or corrupted?): "
+                      f"{type(e).__name__}: {e}") from e
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -277,41 +338,64 @@ def _check_dtypes(tensors: dict[str, np.ndarray], path: str) -> dict[str, np.nda
   return tensors
 
 
-def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of an HF directory: model.safetensors or its sharded index, else (through
-  torch.load(weights_only=True), never a plain unpickle) pytorch_model.bin or its index."""
-  candidates = {name: os.path.join(path, name) for name in
-                (WEIGHTS_FILE, INDEX_FILE, TORCH_FILE, TORCH_INDEX_FILE)}
-  if os.path.exists(candidates[WEIGHTS_FILE]):
-    return _read_safetensors(candidates[WEIGHTS_FILE])
-  if os.path.exists(candidates[INDEX_FILE]):
+def weight_files(path: str) -> tuple[str, list[str]]:
+  """('safetensors' or 'torch', the weight files) of an HF directory: model.safetensors or
+  its sharded index, else pytorch_model.bin or its index; none may be a symlink out."""
+  for name, kind in ((WEIGHTS_FILE, "safetensors"), (INDEX_FILE, "safetensors"),
+                     (TORCH_FILE, "torch"), (TORCH_INDEX_FILE, "torch")):
+    found = limits.file_inside(path, name)
+    if found is not None and os.path.exists(found):
+      return kind, _index_shards(found) if name.endswith(".json") else [found]
+  raise ConfigFileNotFoundError(f"no weights in {path}: looked for {WEIGHTS_FILE}, "
+                                f"{INDEX_FILE}, {TORCH_FILE}, {TORCH_INDEX_FILE}")
+
+
+def read_hf_tensors(path: str, claimed: int = 0, what: str = "config.json"
+                    ) -> dict[str, np.ndarray]:
+  """All tensors of an HF directory (see weight_files); .bin files only through
+  torch.load(weights_only=True), never a plain unpickle. Refuses files that hold fewer values
+  than the `claimed` parameters: safetensors before reading (their headers say), torch after
+  (reading costs no more than the files' size) and before anything is built from them."""
+  kind, files = weight_files(path)
+  if kind == "safetensors":
+    _check_held(claimed, sum(_safetensors_values(f) for f in files), files, what)
     tensors = {}
-    for shard in _index_shards(candidates[INDEX_FILE]):
-      tensors.update(_read_safetensors(shard))
+    for f in files:
+      tensors.update(_read_safetensors(f))
     return tensors
-  if os.path.exists(candidates[TORCH_FILE]):
-    return _read_torch_files([candidates[TORCH_FILE]])
-  if os.path.exists(candidates[TORCH_INDEX_FILE]):
-    return _read_torch_files(_index_shards(candidates[TORCH_INDEX_FILE]))
-  raise ConfigFileNotFoundError(f"no weights in {path}: looked for {', '.join(candidates)}")
+  tensors = _read_torch_files(files)
+  _check_held(claimed, sum(int(v.size) for v in tensors.values()), files, what)
+  return tensors
 
 
-def load_hf(path: str, **config_overrides) -> tuple[ModelConfig, Params]:
+def _check_held(claimed: int, held: int, files: list[str], what: str) -> None:
+  if claimed > held:
+    where = f"{files[0]} holds" if len(files) == 1 else f"its {len(files)} shards hold"
+    raise ConfigError(f"{what} claims {claimed:,} parameters, but {where} only "
+                      f"{held:,} values: the config does not describe these weights")
+
+
+def load_hf(path: str, *, max_params: int | None = None,
+            **config_overrides) -> tuple[ModelConfig, Params]:
   """Reads an HF T5 directory (config.json + weights) into (ModelConfig, params).
 
   Works for transformers 4.x-era and 5.x checkpoints. config_overrides (e.g.
   scan_layers=True, dtype='bfloat16') change how the model runs, not what it is.
+  max_params: the import ceiling (limits.py; default T5LITE_MAX_IMPORT_PARAMS, else 10**11).
   """
   bad = sorted(set(config_overrides) - set(RUNTIME_FIELDS))
   if bad:
     raise ConfigError(f"load_hf overrides {bad} would change the checkpoint's architecture; "
                       f"only {RUNTIME_FIELDS} may be overridden")
-  config_file = os.path.join(path, "config.json")
-  if not os.path.exists(config_file):
-    raise ConfigFileNotFoundError(f"{config_file} not found: is {path} an HF model directory?")
-  with open(config_file) as f:
-    hf_config = json.load(f)
-  tensors = read_hf_tensors(path)
+  config_file = limits.file_inside(path, "config.json")
+  if config_file is None or not os.path.isfile(config_file):
+    raise ConfigFileNotFoundError(f"{os.path.join(path, 'config.json')} not found: is {path} "
+                                  "an HF model directory?")
+  hf_config = limits.read_json(config_file)
+  # Before any weight is read or anything built: the claim under the ceiling, then (in
+  # read_hf_tensors) backed by the files.
+  claimed, what = check_claim(hf_config, config_file, max_params)
+  tensors = read_hf_tensors(path, claimed, what)
   if "shared.weight" not in tensors:
     raise ConfigKeyError(f"{path} holds no 'shared.weight': not an HF T5 checkpoint")
   shared = tensors["shared.weight"]

@@ -1,7 +1,12 @@
 """`t5lite import hf | t5x`: checkpoints from elsewhere into a params-only t5lite MODEL_DIR.
 
-  t5lite import hf --from DIR --out MODEL_DIR [--dtype bfloat16]
+  t5lite import hf --from DIR --out MODEL_DIR [--dtype bfloat16] [--max_params N]
   t5lite import t5x --from DIR --out MODEL_DIR   (see --help)
+
+Checkpoints are untrusted input: the sizes they claim are checked against their files and
+the import ceiling (--max_params, else T5LITE_MAX_IMPORT_PARAMS, else 10**11 parameters; see
+t5lite/export/limits.py) before anything is allocated, and no file outside the checkpoint
+is read through a symlink.
 
 The MODEL_DIR is what finetune.gin's INITIAL_CHECKPOINT_PATH, eval, infer and export read
 (t5lite/export/params_only.py). Each import ends with one JSON line saying what it wrote.
@@ -13,6 +18,10 @@ import json
 import os
 import warnings
 
+from t5lite.errors import ConfigError
+from t5lite.export import limits
+
+MAX_EXTRA_IDS = 1 << 20  # T5 has 100; each one is a vocabulary entry
 FORMATS = {
     "hf": "an HF transformers T5 directory (safetensors, or .bin through weights_only loading)",
     "t5x": "a T5X checkpoint (msgpack + tensorstore, or T5X's orbax layout)",
@@ -32,16 +41,20 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--out", required=True, help="the new t5lite MODEL_DIR")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                       help="store the params in this dtype (default: the checkpoint's)")
+  parser.add_argument("--max_params", type=limits.positive_count, metavar="N",
+                      help=limits.MAX_PARAMS_HELP)
   args = parser.parse_args(rest)
-  print(json.dumps(import_hf(args.source, args.out, dtype=args.dtype)))
+  print(json.dumps(import_hf(args.source, args.out, dtype=args.dtype,
+                             max_params=args.max_params)))
   return 0
 
 
-def import_hf(source: str, out: str, *, dtype: str | None = None) -> dict:
+def import_hf(source: str, out: str, *, dtype: str | None = None,
+              max_params: int | None = None) -> dict:
   """An HF T5 directory as a params-only MODEL_DIR at step 0, its vocabulary carried along."""
   from t5lite.export import hf, params_only
   overrides = {"param_dtype": dtype} if dtype else {}
-  config, params = hf.load_hf(source, **overrides)
+  config, params = hf.load_hf(source, max_params=max_params, **overrides)
   vocabulary = hf_vocabulary(source)
   if vocabulary is None:
     warnings.warn(f"{source} has no spiece.model and is not ByT5: the MODEL_DIR gets no "
@@ -56,15 +69,22 @@ def hf_vocabulary(source: str):
   """The vocabulary of an HF directory: spiece.model (extra ids from tokenizer_config.json,
   else T5's 100), or ByT5's bytes; None when neither is there."""
   from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary
-  config_path = os.path.join(source, "tokenizer_config.json")
+  # Both are refused if they are symlinks out of `source` (limits.file_inside).
+  config_path = limits.file_inside(source, "tokenizer_config.json")
+  spiece = limits.file_inside(source, "spiece.model")
   tokenizer_config = {}
-  if os.path.isfile(config_path):
-    with open(config_path, encoding="utf-8") as f:
-      tokenizer_config = json.load(f)
+  if config_path is not None and os.path.isfile(config_path):
+    tokenizer_config = limits.read_json(config_path)
+    if not isinstance(tokenizer_config, dict):
+      raise ConfigError(f"{config_path}: a JSON {type(tokenizer_config).__name__}, not an "
+                        "object of settings")
   extra_ids = tokenizer_config.get("extra_ids")
-  if os.path.isfile(os.path.join(source, "spiece.model")):
-    return SentencePieceVocabulary(os.path.join(source, "spiece.model"),
-                                   100 if extra_ids is None else int(extra_ids))
+  if extra_ids is not None and (isinstance(extra_ids, bool) or not isinstance(extra_ids, int)
+                                or not 0 <= extra_ids <= MAX_EXTRA_IDS):
+    raise ConfigError(f"{config_path}: extra_ids={extra_ids!r} is not a count of sentinel "
+                      f"ids (an integer, 0 to {MAX_EXTRA_IDS})")
+  if spiece is not None and os.path.isfile(spiece):
+    return SentencePieceVocabulary(spiece, 100 if extra_ids is None else extra_ids)
   if tokenizer_config.get("tokenizer_class") == "ByT5Tokenizer":
-    return ByteVocabulary(125 if extra_ids is None else int(extra_ids))  # ByT5's default
+    return ByteVocabulary(125 if extra_ids is None else extra_ids)  # ByT5's default
   return None

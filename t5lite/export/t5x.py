@@ -2,7 +2,7 @@
 
   t5lite import t5x --from T5X_MODEL_DIR[/checkpoint_N] --out MODEL_DIR
       [--vocabulary SPIECE_MODEL_OR_DIR] [--extra_ids 100] [--mlp_activation gated-gelu]
-      [--relative_attention_max_distance 128] [--step N]
+      [--relative_attention_max_distance 128] [--step N] [--max_params N]
 
 Layouts read: t5x_files.py (msgpack + tensorstore, and T5X's orbax layout). Only 'target'
 (the params) is read: optimizer moments and the step counter's state are dropped.
@@ -20,9 +20,10 @@ a stack's layers are `encoder/encoder/...` or `encoder/layers/...`, the layer ax
 layer's table on its own, so its trained checkpoints are refused (before their weights are
 read); only those whose tables are equal within each stack import.
 
-Untrusted input: t5x_files.py reads with size limits and keeps every path inside the
-checkpoint; here each array's shape and dtype are checked against the inferred config before
-its data is read.
+Untrusted input: t5x_files.py reads with size limits, checks what each array claims against
+its chunk files and the import ceiling (limits.py: --max_params, T5LITE_MAX_IMPORT_PARAMS,
+10**11 parameters), and keeps every path inside the checkpoint; here each array's shape and
+dtype are checked against the inferred config before its data is read.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import numpy as np
 from flax import traverse_util
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.export import limits
 from t5lite.export.t5x_files import (MAX_JSON_BYTES, T5XCheckpointError, find_checkpoint,
                                      read_target)
 from t5lite.models.config import ACTIVATIONS, ACTIVATION_ALIASES, ModelConfig
@@ -182,6 +184,9 @@ def _from_shapes(target: dict, scan_name: str | None,
   if layout.scanned:
     layers = [_shape(target, layout.layer_key(s, 0) + ("pre_mlp_layer_norm", "scale"))[axis]
               for s in ("encoder", "decoder")]
+    if max(layers) > limits.MAX_LAYERS:  # one number in a shape; see limits.MAX_LAYERS
+      raise T5XCheckpointError(f"the scanned arrays claim {layers} (encoder, decoder) "
+                               f"layers, over {limits.MAX_LAYERS}; refused")
   else:
     layers = [_layer_count(target, s) for s in ("encoder", "decoder")]
   values = dict(vocab_size=vocab, d_model=d_model, d_ff=d_ff,
@@ -353,13 +358,14 @@ def _note(text: str) -> None:
   print(f"t5lite import t5x: note: {text}", file=sys.stderr)
 
 
-def _load(path: str, step: int | None, hints: dict[str, Any], note=_note):
+def _load(path: str, step: int | None, hints: dict[str, Any], note=_note,
+          max_params: int | None = None):
   """(config, params, step, config.gin text, the T5X model dir: the checkpoint's parent)."""
   unknown = sorted(set(hints) - {f.name for f in dataclasses.fields(ModelConfig)})
   if unknown:
     raise ConfigError(f"unknown ModelConfig fields {unknown}")
   ckpt_dir, step = find_checkpoint(path, step)
-  target, recorded_step = read_target(ckpt_dir)
+  target, recorded_step = read_target(ckpt_dir, max_params)
   gin_path, gin_text = _read_gin(ckpt_dir)
   config, layout = infer_config(target, gin_bindings(gin_text, "T5Config"), hints, note)
   params = assemble(target, config, layout, os.path.basename(ckpt_dir))
@@ -367,11 +373,13 @@ def _load(path: str, step: int | None, hints: dict[str, Any], note=_note):
   return config, params, step, gin_text, os.path.dirname(ckpt_dir)
 
 
-def load_t5x(path: str, *, step: int | None = None, **config_hints) -> tuple[ModelConfig, Any]:
+def load_t5x(path: str, *, step: int | None = None, max_params: int | None = None,
+             **config_hints) -> tuple[ModelConfig, Any]:
   """(ModelConfig, params) of a T5X checkpoint: a T5X model dir (its newest checkpoint_N, or
   `step`) or one checkpoint_N folder. config_hints (ModelConfig fields, e.g.
-  mlp_activation='gated-gelu', scan_layers=True) override what is inferred."""
-  config, params, *_ = _load(path, step, config_hints)
+  mlp_activation='gated-gelu', scan_layers=True) override what is inferred. max_params: the
+  import ceiling (limits.py)."""
+  config, params, *_ = _load(path, step, config_hints, max_params=max_params)
   return config, params
 
 
@@ -455,6 +463,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="override T5X's 128")
   parser.add_argument("--step", type=int, metavar="N",
                       help="which checkpoint_N of a model dir (default: the newest)")
+  parser.add_argument("--max_params", type=limits.positive_count, metavar="N",
+                      help=limits.MAX_PARAMS_HELP)
   return parser
 
 
@@ -463,7 +473,8 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   hints = {k: getattr(args, k) for k in ("mlp_activation", "relative_attention_max_distance")
            if getattr(args, k) is not None}
-  config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints)
+  config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints,
+                                                  max_params=args.max_params)
   vocabulary = _vocabulary(args, gin_text, t5x_dir)
   if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "

@@ -17,7 +17,10 @@ Layouts (from google-research/t5x):
 Untrusted input: msgpack is read with size limits and no hooks beyond the ndarray extension;
 every array path must stay inside the checkpoint folder (no '..', absolute paths or symlinks
 out); arrays are opened lazily (shape and dtype first, data only when read); a missing chunk
-is an error, never zeros; read failures name the file.
+is an error, never zeros; read failures name the file. The size a .zarray claims is checked
+before any data is read (tensorstore allocates the whole array first, so a 7 KB file claiming
+2^20 x 2^16 floats would abort the process): against the chunk files' bytes (see
+MAX_COMPRESSION_RATIO) and, for the whole 'target', against the import ceiling (limits.py).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy as np
 import tensorstore as ts
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.export import limits
 
 # zarr/flax dtype names -> numpy dtypes; nothing else is a T5 parameter.
 DTYPES = {"<f4": "float32", "float32": "float32", "bfloat16": "bfloat16", "<f2": "float16",
@@ -46,6 +50,16 @@ MAX_CHUNKS = 1 << 20         # T5X writes 64 MiB chunks; a million tiny ones is 
 MAX_DEPTH = 32
 COMPRESSORS = (None, "gzip", "zlib", "zstd", "blosc", "bz2")
 PLACEHOLDER = "PLACEHOLDER://"
+# A claim must be backed by its chunk files: raw bytes <= ratio x the bytes on disk. Random
+# (trained) weights barely compress, so real checkpoints sit near 1x; gzip/zlib cannot exceed
+# ~1032x at all. zstd, bz2 and blosc can, but only on near-constant data (an all-ones norm
+# scale), which is small: claims under UNCHECKED_BYTES (per array, and for the whole target,
+# whose ratio stays near 1x) pass regardless. Uncompressed chunks must hold every raw byte.
+# Decompressing each chunk to count its bytes would be exact but needs every codec here
+# (tensorstore bundles them; Python has none for zstd or blosc) and a second full read.
+MAX_COMPRESSION_RATIO = 1000
+UNCHECKED_BYTES = 16 << 20
+ZARR_META_FILES = (".zarray", ".zattrs", ".zgroup")
 
 
 class T5XCheckpointError(ConfigError):
@@ -166,11 +180,13 @@ def _inside(root: str, relpath: str, name: str) -> str:
 
 @dataclasses.dataclass
 class _ZarrArray:
-  """A validated zarr v2 array folder: shape and dtype known, data not read yet."""
+  """A validated zarr v2 array folder: shape and dtype known, data not read yet; `stored`:
+  the bytes of its chunk files."""
   name: str
   path: str
   shape: tuple[int, ...]
   dtype: str
+  stored: int = 0
 
   def read(self) -> np.ndarray:
     # T5X (and orbax) write no zarr fill_value, so tensorstore stores every chunk: a missing
@@ -212,7 +228,53 @@ def _zarr_array(root: str, relpath: str, name: str) -> _ZarrArray:
   if compressor not in COMPRESSORS or n_chunks > MAX_CHUNKS:
     raise T5XCheckpointError(f"{name}/.zarray: compressor {compressor!r} or chunking {chunks} "
                              "is not one a T5X checkpoint uses; refused")
-  return _ZarrArray(name, path, shape, dtype)
+  itemsize = _np_dtype(dtype).itemsize
+  stored = _chunk_bytes(path, name, math.prod(chunks) * itemsize)
+  claimed = math.prod(shape) * itemsize
+  ratio, free = (MAX_COMPRESSION_RATIO, UNCHECKED_BYTES) if compressor else (1, 0)
+  if claimed > max(stored * ratio, free):
+    raise T5XCheckpointError(
+        f"{name}/.zarray: shape {shape} of {dtype} claims {claimed:,} bytes, but its chunk "
+        f"files hold {stored:,} bytes ({'compressed ' if compressor else ''}data expands at "
+        f"most {ratio}x); refused before reading")
+  return _ZarrArray(name, path, shape, dtype, stored)
+
+
+def _chunk_bytes(path: str, name: str, chunk_raw: int) -> int:
+  """Bytes (apparent sizes) of an array folder's chunk files. tensorstore reads each whole,
+  so one larger than its chunk could compress to (every codec adds under 1% + 4 KiB to data
+  that does not compress) is refused, as padding that would back a claim it cannot fill."""
+  total = 0
+  for dirpath, _, filenames in os.walk(path):
+    for filename in filenames:
+      if dirpath == path and filename in ZARR_META_FILES:
+        continue
+      size = os.path.getsize(os.path.join(dirpath, filename))
+      if size > chunk_raw + chunk_raw // 100 + 4096:
+        raise T5XCheckpointError(
+            f"{name}/{os.path.relpath(os.path.join(dirpath, filename), path)}: {size:,} "
+            f"bytes, more than a chunk of {chunk_raw:,} raw bytes can take; refused")
+      total += size
+  return total
+
+
+def check_size(target: dict, label: str, max_params: int | None = None) -> None:
+  """The whole target against the import ceiling and (zarr arrays) its chunk files, before
+  any data is read: each array passed alone, but many can add up."""
+  counts = {key: math.prod(leaf.shape) for key, leaf in target.items()}
+  if not counts:
+    return
+  largest = max(counts, key=counts.get)
+  limits.check_ceiling(sum(counts.values()), f"{label}: the target ({len(counts)} arrays; the "
+                       f"largest, {'/'.join(largest)}, of shape {tuple(target[largest].shape)})",
+                       max_params)
+  arrays = [leaf for leaf in target.values() if isinstance(leaf, _ZarrArray)]
+  claimed = sum(math.prod(a.shape) * _np_dtype(a.dtype).itemsize for a in arrays)
+  stored = sum(a.stored for a in arrays)
+  if claimed > max(stored * MAX_COMPRESSION_RATIO, UNCHECKED_BYTES):
+    raise T5XCheckpointError(
+        f"{label}: its zarr arrays claim {claimed:,} bytes in all, but their chunk files hold "
+        f"{stored:,} bytes (over {MAX_COMPRESSION_RATIO}x); refused before reading")
 
 
 # --- the two layouts: a flat {T5X key path: array} of 'target' --------------------------------
@@ -314,12 +376,17 @@ def _read_orbax_layout(ckpt_dir: str) -> tuple[dict, int | None]:
   return out, None
 
 
-def read_target(ckpt_dir: str) -> tuple[dict[tuple[str, ...], Any], int | None]:
-  """({T5X param path: inline ndarray or validated _ZarrArray}, step if recorded)."""
+def read_target(ckpt_dir: str, max_params: int | None = None
+                ) -> tuple[dict[tuple[str, ...], Any], int | None]:
+  """({T5X param path: inline ndarray or validated _ZarrArray}, step if recorded); sizes are
+  checked (check_size), no zarr data is read. max_params: the import ceiling (limits.py)."""
   try:
     if os.path.isfile(os.path.join(ckpt_dir, "checkpoint")):
-      return _read_msgpack_layout(ckpt_dir)
-    return _read_orbax_layout(ckpt_dir)
+      target, step = _read_msgpack_layout(ckpt_dir)
+    else:
+      target, step = _read_orbax_layout(ckpt_dir)
   except (AttributeError, TypeError, KeyError) as e:  # a tree of the wrong shape somewhere
     raise T5XCheckpointError(f"{os.path.basename(ckpt_dir)}: malformed checkpoint tree "
                              f"({e!r})") from None
+  check_size(target, os.path.basename(ckpt_dir), max_params)
+  return target, step
