@@ -6,7 +6,8 @@ layout is detected from its environment (t5lite/launch/cluster.py). The other ve
 flags.
 
 Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
-names, paths, sizes, mesh, a job that did not form: t5lite.errors), told in one error line;
+names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:
+permission, a full or read-only disk, a file where a folder should be), told in one line;
 42 (PREEMPTED_EXIT_CODE) `train` stopped on SIGTERM after saving: rerun it to resume.
 """
 from __future__ import annotations
@@ -35,7 +36,9 @@ PLAIN_VERBS = {
                "t5lite.launch.cli"),
 }
 # Setup mistakes: one line on stderr and exit 2. Anything else is a bug: traceback, exit 1.
-USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
+# OSError covers the environment too: a file where a folder should be (NotADirectoryError),
+# a folder where a file should be, no permission, a read-only or full disk.
+USER_ERRORS = (ConfigError, OSError)
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
   --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
@@ -73,11 +76,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _lengths(text: str) -> dict[str, int]:
-  """'inputs=512,targets=114' -> {'inputs': 512, 'targets': 114}."""
+  """'inputs=512,targets=114' -> {'inputs': 512, 'targets': 114}, each within the ceiling."""
+  from t5lite.data.checks import check_feature_lengths
   try:
-    return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(f"expected NAME=LENGTH,..., got {text!r}") from e
+    lengths = {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+    return check_feature_lengths(lengths, "--lengths")
+  except ValueError as e:  # ConfigError included: argparse prints it with the usage line
+    detail = str(e) if isinstance(e, ConfigError) else f"expected NAME=LENGTH,..., got {text!r}"
+    raise argparse.ArgumentTypeError(detail) from e
 
 
 def _add_data_verbs(verbs) -> None:
@@ -101,9 +107,10 @@ def _add_data_verbs(verbs) -> None:
       p.add_argument("--family", default=None,
                      help="the model family whose feature converter packs the examples "
                      "(default: T5's encoder-decoder; t5lite.families.names() lists them)")
-  bench = verbs.add_parser("bench", help="benchmarks side by side with HF: data pipeline, train "
-                           "step, decoding; each ends with one JSON line (ratio_vs_hf)")
-  bench.add_argument("what", choices=("data", "train", "decode"))
+  bench = verbs.add_parser("bench", help="benchmarks side by side with a peer: data pipeline, "
+                           "train step, decoding (vs HF), checkpoint checksums (vs orbax "
+                           "alone); each ends with one JSON line of ratios")
+  bench.add_argument("what", choices=("data", "train", "decode", "checkpoint"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
   plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
   plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
@@ -195,13 +202,12 @@ def _train(args) -> int:
   import jax
 
   from t5lite.train import trainer
-  from t5lite.runtime.checkpoints import CorruptCheckpointError
   _import_task_modules()
   model_config = gin_config.model_config()
   train_config = gin_config.train_config()
   try:
     result = trainer.train(model_config, train_config, gin_config_text=gin.config_str())
-  except (FloatingPointError, CorruptCheckpointError) as e:
+  except FloatingPointError as e:  # the run diverged: not a setup mistake, not a bug either
     print(f"t5lite train: {e}", file=sys.stderr)
     return 1
   if jax.process_index() == 0:
@@ -261,8 +267,18 @@ def main(argv: list[str] | None = None) -> int:
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
     raise AssertionError(f"unhandled verb {args.verb}")
   except USER_ERRORS as e:  # a setup mistake: its message alone; a bug keeps its traceback
-    print(f"{_prog(argv)}: error: {e}", file=sys.stderr)
+    print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)
     return 2
+
+
+def _one_line(error: Exception) -> str:
+  """A ConfigError's message; an OSError's path(s) and errno text, e.g. '/data/x: Permission
+  denied' (its str() reads '[Errno 13] Permission denied: ...')."""
+  if isinstance(error, OSError) and not isinstance(error, ConfigError) and error.strerror:
+    paths = [os.fsdecode(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{' -> '.join(paths) or 'an OS call'}: {error.strerror}"
+  text = str(error) or type(error).__name__
+  return text if isinstance(error, ConfigError) else " ".join(text.split())
 
 
 def _prog(argv: list[str]) -> str:

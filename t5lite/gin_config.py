@@ -12,9 +12,12 @@ import logging
 import pathlib
 import re
 import tokenize
+import types
+import typing
 
 import gin
 
+from t5lite.data.checks import check_feature_lengths, require_int
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.eval.run import EvalConfig, InferConfig
@@ -139,6 +142,55 @@ def _parse(gin_files: list[str], bindings: list[str]) -> None:
       _parse_binding(binding)
     except Exception as e:
       raise GinConfigError(f"bad gin binding --gin.{binding}: {_explain(e)}") from e
+  try:
+    _check_bound_integers()
+  except ConfigError as e:
+    raise GinConfigError(str(e)) from None
+
+
+def _int_fields(cls) -> dict[str, bool]:
+  """{field: whether None is allowed} for a config class's `int` / `int | None` fields."""
+  hints = typing.get_type_hints(cls)
+  fields = {}
+  for field in dataclasses.fields(cls):
+    hint = hints.get(field.name)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = set(typing.get_args(hint)) if union else {hint}
+    if options - {type(None)} == {int}:
+      fields[field.name] = type(None) in options
+  return fields
+
+
+def _bound(selector: str):
+  """(value, macro) of a binding such as 'TrainConfig.train_steps': macro is the NAME of the
+  %NAME it was set through (None: set directly). ValueError when it is not bound."""
+  value, macro = gin.query_parameter(selector), None
+  while isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro":
+    macro = value.scoped_selector.rpartition("/")[0]
+    value = gin.query_parameter(f"%{macro}")
+  return value, macro
+
+
+def _check_bound_integers() -> None:
+  """Integer settings bound to floats, bools or strings, and feature lengths past the
+  ceiling, refused by the name the user wrote (TRAIN_STEPS, not TrainConfig.train_steps):
+  TRAIN_STEPS=10.5 used to train to step 11, and BATCH_SIZE=2.5 to fail on the mesh."""
+  for cls in CONFIGURABLES:
+    names = {**_int_fields(cls), "task_feature_lengths": False}
+    values = {}
+    for field, optional in names.items():
+      try:
+        value, macro = _bound(f"{cls.__name__}.{field}")
+      except ValueError:  # not bound: the dataclass default
+        continue
+      if isinstance(value, gin.config.ConfigurableReference):  # @x() or %gin.REQUIRED
+        continue
+      name = f"{macro} ({cls.__name__}.{field})" if macro else f"{cls.__name__}.{field}"
+      if field == "task_feature_lengths":
+        check_feature_lengths(value, macro or f"{cls.__name__}.{field}",
+                              values.get("batch_size"))
+      else:
+        values[field] = require_int(value, name, optional=optional)
 
 
 def model_config() -> ModelConfig:
@@ -169,6 +221,9 @@ def _build(macro: str, cls, hint: str):
       raise GinConfigError(f"{cls.__name__} needs {missing.group(2)}: bind it, e.g. "
                            f"--gin.MODEL_DIR=/tmp/run (T5X macro names: MODEL_DIR, "
                            "MIXTURE_OR_TASK_NAME, TRAIN_STEPS, ...)") from e
+    if isinstance(e, ConfigError):  # a config's own check: its message, less gin's
+      # "In call to configurable ..." lines, so that it stays the one error line
+      raise GinConfigError(re.split(r"\n\s*In call to configurable", str(e))[0]) from e
     raise GinConfigError(f"{macro} cannot be built: {e}") from e
 
 

@@ -59,7 +59,7 @@ def c4_source(split: str, *, json: str | None = None, array_record: str | None =
   $T5LITE_TFDS_DATA_DIR."""
   json = json or os.environ.get(JSON_ENV)
   if json:
-    return JsonlSource(split_pattern(os.path.expanduser(json), split))
+    return JsonlSource(split_pattern(os.path.expanduser(json), split), text_fields=("text",))
   array_record = array_record or os.environ.get(ARRAY_RECORD_ENV)
   if array_record:
     return ArrayRecordSource(split_pattern(os.path.expanduser(array_record), split))

@@ -28,7 +28,8 @@ def summarize(ex: dict, article_key: str = "article", summary_key: str = "highli
 
 def register(vocabulary=None) -> None:
   """Registers cnn_dailymail_v002 (at import, with T5's vocabulary)."""
-  add_task("cnn_dailymail_v002", split_sources(TFDS_NAME, ("train", "validation", "test")),
+  add_task("cnn_dailymail_v002", split_sources(TFDS_NAME, ("train", "validation", "test"),
+                                         ("article", "highlights")),
            vocab.default_output_features(vocabulary),
            (summarize, pp.tokenize, CACHE_POINT, pp.append_eos_after_trim),
            metric_fns=(metrics.rouge,))

@@ -18,17 +18,21 @@ import hashlib
 import os
 import sys
 
+from t5lite.data import atomic
 from t5lite.data import preprocessors as pp
 from t5lite.data.pretraining import span_corruption_preprocessors
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
 from t5lite.data.sources import TfdsSource, prepare_tfds_dataset
+from t5lite.data.tfds_source import is_prepared_dir
 from t5lite.data.stdlib_corpus import stdlib_documents
 from t5lite.data.vocabularies import SentencePieceVocabulary, train_sentencepiece
+from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 
 from .vocab import LazyVocabulary
 
 DATASET = "t5lite_stdlib_docs"
+VERSION = "1.0.0"
 VOCAB_PIECES = 2000  # small: a CPU demo spends less time in the softmax
 EXTRA_IDS = 100
 HOLDOUT = 20  # 1 in 20 documents goes to validation
@@ -57,26 +61,52 @@ def _is_validation(name: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def prepare() -> str:
-  """Builds the dataset and vocabulary once (a no-op when present); returns data_dir()."""
+  """Builds the dataset and vocabulary once (a no-op when present); returns data_dir().
+
+  Both are written under temporary names and renamed into place (t5lite.data.atomic), so a
+  build killed halfway is rebuilt by the next call instead of breaking every later run."""
   directory = data_dir()
   with _lock(directory):
+    _remove_leftovers(directory)
     documents = None
-    if not os.path.isdir(os.path.join(directory, DATASET)):
+    if not is_prepared_dir(os.path.join(directory, DATASET, VERSION)):
       documents = stdlib_documents()
       prepare_tfds_dataset(
           DATASET, {"train": [d for d in documents if not _is_validation(d["name"])],
                     "validation": [d for d in documents if _is_validation(d["name"])]},
-          directory, {"name": "text", "text": "text"},
+          directory, {"name": "text", "text": "text"}, VERSION,
           description="Docstrings and reference topics of the Python standard library.")
     model_path = os.path.join(directory, "spiece.model")
-    if not os.path.exists(model_path):
+    if not _is_model(model_path):
       documents = documents or stdlib_documents()
       model = train_sentencepiece([d["text"] for d in documents if not _is_validation(d["name"])],
                                   VOCAB_PIECES)
-      with open(model_path + ".tmp", "wb") as f:
-        f.write(model)
-      os.replace(model_path + ".tmp", model_path)  # never a half-written model
+      atomic.write_file(model_path, model)
   return directory
+
+
+def _remove_leftovers(directory: str) -> None:
+  """Temporaries of killed builds: ours (t5lite.data.atomic), and the `incomplete.*` folders
+  that tfds left in the dataset folder when it built there directly (before this module
+  built through atomic). Under the lock, no build of this dataset is running."""
+  atomic.remove_stale(directory)
+  dataset_dir = os.path.join(directory, DATASET)
+  atomic.remove_stale(dataset_dir)
+  for name in os.listdir(dataset_dir) if os.path.isdir(dataset_dir) else ():
+    if name.startswith("incomplete."):
+      atomic.discard(os.path.join(dataset_dir, name))
+  stale_tmp = os.path.join(directory, "spiece.model.tmp")  # older code's fixed temp name
+  if os.path.exists(stale_tmp):
+    os.remove(stale_tmp)
+
+
+def _is_model(path: str) -> bool:
+  """Whether path holds a loadable sentencepiece model (not empty, not cut short)."""
+  try:
+    SentencePieceVocabulary(path, extra_ids=0)
+  except (ConfigError, OSError):
+    return False
+  return True
 
 
 def load_vocabulary() -> SentencePieceVocabulary:

@@ -37,6 +37,7 @@ import numpy as np
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, add_mixture, add_task, rate_num_examples
 from t5lite.data.sources import JsonlSource, TfdsSource, TsvSource
+from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 
 from . import vocab
@@ -49,7 +50,10 @@ GLUE_VERSION, SUPER_GLUE_VERSION = "2.0.0", "1.0.2"  # TFDS versions (T5 read gl
 # ---------------------------------------------------------------- sources (shared by tasks)
 
 def as_text(value: Any) -> str:
-  """str of a text field; TFDS gives bytes inside nested sequences."""
+  """str of a text field; TFDS gives bytes inside nested sequences. A null (JSON's None)
+  is a data error, never the text "None"."""
+  if value is None:
+    raise ConfigError("a text field is null (None) in a data file; fix or drop that row")
   return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
 
 
@@ -65,30 +69,40 @@ def _tsv_header(path: str) -> list[str]:
     return f.readline().rstrip("\r\n").lstrip("\ufeff").split("\t")
 
 
-def local_source(directory: str, split: str):
-  """The JSONL or TSV files of one split in a local dataset folder."""
+def local_source(directory: str, split: str, text_fields: Sequence[str] = ()):
+  """The JSONL or TSV files of one split in a local dataset folder. text_fields: the fields
+  the task reads as text; a row without one (or with a number or null there) is an error
+  naming the file, line and field."""
   for pattern in (f"{split}.jsonl", f"{split}.jsonl.gz", f"{split}-*.jsonl", f"{split}-*.jsonl.gz"):
     if glob.glob(os.path.join(glob.escape(directory), pattern)):
-      return JsonlSource(os.path.join(directory, pattern))
+      return JsonlSource(os.path.join(directory, pattern), text_fields=text_fields)
   for name in (f"{split}.tsv", f"{split}.tsv.gz"):
     path = os.path.join(directory, name)
     if os.path.isfile(path):
-      return TsvSource(path, _tsv_header(path), skip_header=True)
+      header = _tsv_header(path)
+      missing = [f for f in text_fields if f not in header]
+      if missing:
+        raise ConfigError(f"{path}:1: the header {header} has no field "
+                          f"{', '.join(map(repr, missing))}")
+      return TsvSource(path, header, skip_header=True)
   raise FileNotFoundError(f"no {split}.jsonl, {split}.jsonl.gz, {split}-*.jsonl[.gz] or "
                           f"{split}.tsv in {directory} (from ${LOCAL_DATA_ENV})")
 
 
-def open_split(tfds_name: str, split: str):
+def open_split(tfds_name: str, split: str, text_fields: Sequence[str] = ()):
   """One split's source: local files when $T5LITE_LOCAL_DATA_DIR has the dataset, else TFDS."""
   directory = local_dataset_dir(tfds_name)
   if directory is not None:
-    return local_source(directory, split)
+    return local_source(directory, split, text_fields)
   return TfdsSource(tfds_name, split, data_dir=os.environ.get(TFDS_DATA_DIR_ENV) or None)
 
 
-def split_sources(tfds_name: str, splits: Sequence[str]) -> dict[str, Callable]:
-  """{split: zero-argument factory}: nothing is looked up until a split is read."""
-  return {split: functools.partial(open_split, tfds_name, split) for split in splits}
+def split_sources(tfds_name: str, splits: Sequence[str],
+                  text_fields: Sequence[str] = ()) -> dict[str, Callable]:
+  """{split: zero-argument factory}: nothing is looked up until a split is read. text_fields
+  are checked in each row of local files (see local_source)."""
+  return {split: functools.partial(open_split, tfds_name, split, tuple(text_fields))
+          for split in splits}
 
 
 # ---------------------------------------------------------------- preprocessors
@@ -336,9 +350,15 @@ def _postprocess(b: Benchmark) -> Callable:
           "record": record_postprocess}.get(b.config) or string_label_to_class_id(b.labels)
 
 
+def _text_fields(b: Benchmark) -> tuple[str, ...]:
+  """The features a benchmark's preprocessor reads as text."""
+  special = {"stsb": ("sentence1", "sentence2"), "record": ("passage", "query")}
+  return special.get(b.config) or tuple(f if isinstance(f, str) else f[1] for f in b.fields)
+
+
 def _add(name: str, tfds_name: str, b: Benchmark, features: Mapping) -> None:
-  add_task(name, split_sources(tfds_name, b.splits), features, _text_steps(b) + _TAIL,
-           postprocess_fn=_postprocess(b), metric_fns=b.metric_fns)
+  add_task(name, split_sources(tfds_name, b.splits, _text_fields(b)), features,
+           _text_steps(b) + _TAIL, postprocess_fn=_postprocess(b), metric_fns=b.metric_fns)
 
 
 def register(vocabulary=None) -> None:
@@ -350,10 +370,12 @@ def register(vocabulary=None) -> None:
     _add(f"super_glue_{b.config}_v102", f"super_glue/{b.config}:{SUPER_GLUE_VERSION}", b,
          features)
   wsc = f"super_glue/wsc.fixed:{SUPER_GLUE_VERSION}"
-  add_task("super_glue_wsc_v102_simple_train", split_sources(wsc, ("train",)), features,
-           (pp.filter_by(is_correct_referent), wsc_simple) + _TAIL)
-  add_task("super_glue_wsc_v102_simple_eval", split_sources(wsc, ("validation", "test")),
-           features, (wsc_simple,) + _TAIL, postprocess_fn=wsc_simple_postprocess,
+  wsc_text = ("text", "span1_text", "span2_text")
+  add_task("super_glue_wsc_v102_simple_train", split_sources(wsc, ("train",), wsc_text),
+           features, (pp.filter_by(is_correct_referent), wsc_simple) + _TAIL)
+  add_task("super_glue_wsc_v102_simple_eval",
+           split_sources(wsc, ("validation", "test"), wsc_text), features,
+           (wsc_simple,) + _TAIL, postprocess_fn=wsc_simple_postprocess,
            metric_fns=(metrics.accuracy,))
   # T5 leaves wnli out (it trains on WSC instead); eval-only tasks have no train split.
   glue_train = [f"glue_{b.config}_v002" for b in GLUE if "train" in b.splits and b.config != "wnli"]

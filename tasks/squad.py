@@ -54,7 +54,8 @@ def qa_postprocess(answer: str, example=None, is_target: bool = False):
 
 def register(vocabulary=None) -> None:
   """Registers squad_v010_allanswers (at import, with T5's vocabulary)."""
-  add_task("squad_v010_allanswers", split_sources(TFDS_NAME, ("train", "validation")),
+  add_task("squad_v010_allanswers", split_sources(TFDS_NAME, ("train", "validation"),
+                                                              ("question", "context")),
            vocab.default_output_features(vocabulary),
            (squad, pp.tokenize, CACHE_POINT, pp.append_eos_after_trim),
            postprocess_fn=qa_postprocess, metric_fns=(metrics.squad,))

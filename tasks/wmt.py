@@ -53,7 +53,8 @@ def register(vocabulary=None) -> None:
   """Registers the WMT tasks (at import, with T5's vocabulary)."""
   features = vocab.default_output_features(vocabulary)
   for name, tfds_name, source, target in TASKS:
-    add_task(name, split_sources(tfds_name, ("train", "validation", "test")), features,
+    add_task(name, split_sources(tfds_name, ("train", "validation", "test"), (source, target)),
+             features,
              (translate(source, target), pp.tokenize, CACHE_POINT, pp.append_eos_after_trim),
              metric_fns=(metrics.bleu,))
 

@@ -1,7 +1,8 @@
 """Task caching: run the preprocessors before CACHE_POINT once, into array_record shards.
 
 Layout: CACHE_DIR/<task>/<split>/shard-WWWWW-of-NNNNN.array_record, each with a
-.json beside it (written last, so a shard without one is unfinished and never read).
+.json beside it (written last, so a shard without one is unfinished and never read); both
+are written under temporary names and renamed into place (t5lite.data.atomic).
 Examples are msgpack (flax.serialization): numpy arrays, strings and numbers, no pickle.
 Worker w of N caches source indices w, w+N, ...; N workers can be N hosts.
 """
@@ -15,6 +16,7 @@ import grain
 from array_record.python import array_record_data_source, array_record_module
 from flax import serialization
 
+from t5lite.data import atomic
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
@@ -47,18 +49,26 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   steps = list(enumerate(task.preprocessors))[:task.cache_index]
   ds = apply_preprocessors(ds.to_iter_dataset(), task, steps, sequence_length=None,
                            seed=derive_seed("cache", task.name, split))
-  tmp = os.path.join(out_dir, name + ".array_record.tmp")
+  # A temporary name of this process alone: two workers given the same index (or a rerun
+  # while a killed one's file lies there) never write into one file.
+  atomic.remove_stale(out_dir)
+  shard = os.path.join(out_dir, name + ".array_record")
+  tmp = atomic.temp_path(shard)
   writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
   count = 0
-  for example in ds:
-    writer.write(serialization.msgpack_serialize(dict(example)))
-    count += 1
-  writer.close()
-  os.replace(tmp, os.path.join(out_dir, name + ".array_record"))
+  try:
+    for example in ds:
+      writer.write(serialization.msgpack_serialize(dict(example)))
+      count += 1
+    writer.close()
+    os.replace(tmp, shard)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   info = {"task": task.name, "split": split, "examples": count, "worker_index": worker_index,
           "num_workers": num_workers, "source_examples": len(source)}
-  with open(os.path.join(out_dir, name + ".json"), "w") as f:
-    json.dump(info, f)
+  atomic.write_file(os.path.join(out_dir, name + ".json"), json.dumps(info))
   return info
 
 
@@ -115,6 +125,9 @@ def cached_source(task: Task, split: str, cache_dir: str | None = None) -> Cache
                                   f"{len(infos)} of {expected} finished shards: {how}")
   meta = []
   for path in infos:
-    with open(path) as f:
-      meta.append(json.load(f))
+    try:
+      with open(path) as f:
+        meta.append(json.load(f))
+    except ValueError:  # cut short by a killed run of older code (now written atomically)
+      raise ConfigFileNotFoundError(f"cache shard info {path} is unreadable: {how}") from None
   return CachedSource([p[:-len(".json")] + ".array_record" for p in infos], meta)

@@ -34,6 +34,7 @@ import grain
 import numpy as np
 
 from t5lite.data import packing
+from t5lite.data.checks import check_feature_lengths, is_integer
 from t5lite.errors import ConfigError, ConfigKeyError
 
 Example = Mapping[str, Any]
@@ -125,10 +126,10 @@ class FeatureConverter(abc.ABC):
         raise ConfigError(f"{self._name}: task_feature_lengths has no {key!r} "
                           f"(got {dict(task_feature_lengths)})")
       length = task_feature_lengths[key]
-      if isinstance(length, bool) or int(length) != length or length <= 0:
+      if not is_integer(length) or length <= 0:
         raise ConfigError(f"{self._name}: task_feature_lengths[{key!r}] must be a positive "
                           f"integer, got {length!r}")
-      lengths[key] = int(length)
+      lengths[key] = check_feature_lengths({key: length}, "task_feature_lengths")[key]
     return lengths
 
   def _feature(self, example: Example, key: str, length: int) -> np.ndarray:

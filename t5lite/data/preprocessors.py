@@ -20,6 +20,7 @@ import grain
 import numpy as np
 
 from t5lite.data.registry import CACHE_POINT, Task
+from t5lite.errors import ConfigError, ConfigKeyError
 
 Example = dict[str, Any]
 INJECTABLE = ("output_features", "sequence_length", "rng", "seed")
@@ -92,8 +93,8 @@ def rekey(key_map: Mapping[str, str | None]) -> Callable[[Example], Example]:
   """
   def apply(ex: Example) -> Example:
     missing = [src for src in key_map.values() if src is not None and src not in ex]
-    if missing:
-      raise KeyError(f"rekey: example has no {missing}; it has {sorted(ex)}")
+    if missing:  # a data file without the field (sources with text_fields say which row)
+      raise ConfigKeyError(f"rekey: example has no {missing}; it has {sorted(ex)}")
     return {new: ("" if old is None else ex[old]) for new, old in key_map.items()}
   apply.__name__ = f"rekey({dict(key_map)})"
   return apply
@@ -113,6 +114,10 @@ def tokenize(ex: Example, output_features, copy_pretokenized: bool = True) -> Ex
       out[name] = np.asarray(feature.vocabulary.encode(text), np.int32)
       if copy_pretokenized:
         out[f"{name}_pretokenized"] = text
+    elif name in ex and (ex[name] is None or isinstance(ex[name], (bool, int, float))):
+      # Encoding str(None) would train on the text "None".
+      raise ConfigError(f"tokenize: feature {name!r} is {ex[name]!r}, expected text (a null "
+                        "or a number in a data file?)")
   return out
 
 

@@ -15,6 +15,7 @@ import grain
 import numpy as np
 
 from t5lite.data import cache
+from t5lite.data.checks import check_feature_lengths, require_int
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Mixture, Task
 from t5lite.errors import ConfigError
@@ -188,6 +189,12 @@ class PipelineConfig:
   num_epochs: int | None = None  # None = repeat forever
   use_cached: bool = False
   cache_dir: str | None = None
+
+  def __post_init__(self):
+    # Before any row is allocated: a length of 10**12 once asked numpy for petabytes.
+    require_int(self.global_batch_size, "global_batch_size", minimum=1)
+    check_feature_lengths(self.task_feature_lengths, "task_feature_lengths",
+                          self.global_batch_size)
 
 
 def task_row_dataset(task: Task, row: int, config: PipelineConfig) -> grain.IterDataset:

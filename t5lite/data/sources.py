@@ -72,11 +72,15 @@ class TextLineSource(IndexedFileSource):
 class JsonlSource(TextLineSource):
   """One example per line holding a JSON object (.jsonl, .jsonl.gz, C4's .json.gz).
 
-  Values come back as `json` parses them (str, numbers, lists, dicts, None).
+  Values come back as `json` parses them (str, numbers, lists, dicts, None). text_fields
+  names the fields the task reads as text: a row without one, or with a number or null
+  there, is a ConfigError naming the file, line and field (found later, a preprocessor
+  could only say "KeyError", or encode the text "None").
   """
 
-  def __init__(self, patterns: Patterns):
+  def __init__(self, patterns: Patterns, text_fields: Sequence[str] = ()):
     super().__init__(patterns)
+    self.text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
 
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
     line = self._line(file_id, index)
@@ -88,10 +92,27 @@ class JsonlSource(TextLineSource):
     if not isinstance(example, dict):
       raise ConfigError(f"{self._where(file_id, index)}: expected a JSON object, got "
                         f"{type(example).__name__}")
+    for field in self.text_fields:
+      if field not in example:
+        raise ConfigError(f"{self._where(file_id, index)}: no field {field!r} (the row has "
+                          f"{sorted(example)})")
+      if not isinstance(example[field], str):
+        raise ConfigError(f"{self._where(file_id, index)}: field {field!r} is "
+                          f"{_json_kind(example[field])}, expected text")
     return example
 
   def _repr_args(self) -> str:
-    return repr(self._patterns)
+    fields = f", text_fields={self.text_fields!r}" if self.text_fields else ""
+    return repr(self._patterns) + fields
+
+
+def _json_kind(value: Any) -> str:
+  """'null', 'the number 5', 'a list', ... for error messages."""
+  if value is None:
+    return "null"
+  if isinstance(value, (bool, int, float)):
+    return f"the {'boolean' if isinstance(value, bool) else 'number'} {json.dumps(value)}"
+  return f"a {'JSON object' if isinstance(value, dict) else type(value).__name__}"
 
 
 class TsvSource(TextLineSource):
@@ -108,8 +129,11 @@ class TsvSource(TextLineSource):
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
     values = self._line(file_id, index).split("\t")
     if len(values) != len(self.field_names):
+      missing = self.field_names[len(values):]
+      which = (f": no {', '.join(map(repr, missing))}" if missing else
+               f": {len(values) - len(self.field_names)} more than {self.field_names[-1]!r}")
       raise ConfigError(f"{self._where(file_id, index)}: {len(values)} tab-separated fields, "
-                        f"expected {len(self.field_names)} {self.field_names}")
+                        f"expected {len(self.field_names)} {self.field_names}{which}")
     return dict(zip(self.field_names, values))
 
   def _repr_args(self) -> str:

@@ -11,13 +11,16 @@ TensorFlow and `importlib_resources`, neither of which we install).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from t5lite.data import atomic
 from t5lite.data.files import checked_index
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
@@ -181,15 +184,42 @@ def prepare_tfds_dataset(name: str, split_examples: Mapping[str, Iterable[dict]]
   Deterministic (split order as given, no shuffling) and offline; a no-op when that
   version is already prepared. `features` maps each key to a kind ("text", "int32",
   "int32[]", ...; see `_feature`). Read it back with TfdsSource(name, split, data_dir).
+  Atomic: a killed build leaves nothing that looks prepared, and the next call rebuilds.
   """
   tfds = _tfds()
   if not split_examples:
     raise ConfigError("prepare_tfds_dataset: no splits given")
   feature_dict = tfds.features.FeaturesDict({k: _feature(v) for k, v in features.items()})
   builder_cls = _builder_class(name, version, feature_dict, split_examples, description)
-  builder = builder_cls(data_dir=os.fspath(data_dir), file_format="array_record")
-  if builder.is_prepared():
-    return
-  # Nothing is downloaded; keep tfds's empty downloads/ folder out of data_dir.
-  with tempfile.TemporaryDirectory() as download_dir:
-    builder.download_and_prepare(download_dir=download_dir)
+  version_dir = builder_cls(data_dir=os.fspath(data_dir), file_format="array_record").data_dir
+
+  def build(staging: str) -> None:
+    # tfds renames its own `incomplete.*` folder into place, but a killed build leaves that
+    # folder in data_dir, and two builders at once collide; so tfds builds in a private
+    # folder, which becomes DATA_DIR/NAME/VERSION in one rename.
+    staged = builder_cls(data_dir=staging, file_format="array_record")
+    # Nothing is downloaded; keep tfds's empty downloads/ folder out of data_dir.
+    with tempfile.TemporaryDirectory() as download_dir:
+      staged.download_and_prepare(download_dir=download_dir)
+    for entry in os.listdir(staged.data_dir):
+      os.rename(os.path.join(staged.data_dir, entry), os.path.join(staging, entry))
+    shutil.rmtree(os.path.join(staging, name))
+
+  atomic.build_dir(version_dir, build, is_prepared_dir)
+
+
+def is_prepared_dir(version_dir: str) -> bool:
+  """Whether DATA_DIR/NAME/VERSION holds a whole array_record dataset: its dataset_info.json
+  and every shard that it lists."""
+  try:
+    with open(os.path.join(version_dir, "dataset_info.json"), encoding="utf-8") as f:
+      info = json.load(f)
+    for split in info["splits"]:
+      count = len(split.get("shardLengths", []))
+      for i in range(count):
+        shard = f"{info['name']}-{split['name']}.array_record-{i:05d}-of-{count:05d}"
+        if not os.path.isfile(os.path.join(version_dir, shard)):
+          return False
+  except (OSError, ValueError, KeyError, TypeError):  # missing, half written, not tfds's
+    return False
+  return True

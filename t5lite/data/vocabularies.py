@@ -18,8 +18,10 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
+from t5lite.data import atomic
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 CONFIG_FILE = "vocabulary.json"
@@ -90,7 +92,9 @@ class Vocabulary(abc.ABC):
     directory.mkdir(parents=True, exist_ok=True)
     config = dict(kind=self._kind, extra_ids=self.extra_ids, vocab_size=self.vocab_size)
     self._save_files(directory, config)
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    # Whole files or none (a killed save must not leave a cut-short spiece.model); the
+    # config last, so a folder with one has its model too.
+    atomic.write_file(str(directory / CONFIG_FILE), json.dumps(config, indent=2) + "\n")
 
   def __eq__(self, other: Any) -> bool:
     return type(self) is type(other) and self._key() == other._key()
@@ -136,23 +140,38 @@ class SentencePieceVocabulary(Vocabulary):
   def __init__(self, model: str | os.PathLike | bytes, extra_ids: int = 100):
     super().__init__(extra_ids)
     if isinstance(model, (bytes, bytearray)):
-      self._model = bytes(model)
+      self._model, where = bytes(model), "the sentencepiece model bytes"
     else:
       if not os.path.isfile(model):
         raise ConfigFileNotFoundError(f"sentencepiece model file not found: {os.fspath(model)}")
-      self._model = pathlib.Path(model).read_bytes()
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(self._model)
-    self._num_pieces = len(proto.pieces)
-    # Reverse order puts <extra_id_0> last, i.e. at the highest id.
-    for i in reversed(range(self.extra_ids)):
-      proto.pieces.add(piece=f"<extra_id_{i}>", score=0.0,
-                       type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
-    self._sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+      self._model, where = pathlib.Path(model).read_bytes(), os.fspath(model)
+    self._sp, self._num_pieces = self._processor(where)
     layout = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
     if layout != (self.pad_id, self.eos_id, self.unk_id):
       raise ConfigError(f"sentencepiece model has (pad, eos, unk) ids {layout}; t5lite needs "
                         "(0, 1, 2) (train with pad_id=0, eos_id=1, unk_id=2, bos_id=-1)")
+
+  def _processor(self, where: str) -> tuple[spm.SentencePieceProcessor, int]:
+    """The processor with the extra ids, and the model's own piece count. Bytes that are not
+    a model (an empty or cut-short download, an HTML error page) make sentencepiece raise
+    a RuntimeError or OSError, or protobuf a DecodeError, none naming the file: say it here."""
+    if not self._model:
+      raise ConfigError(f"{where} is empty: expected a sentencepiece model (spiece.model)")
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+      proto.ParseFromString(self._model)
+      num_pieces = len(proto.pieces)
+      if not num_pieces:
+        raise ValueError("no pieces")
+      # Reverse order puts <extra_id_0> last, i.e. at the highest id.
+      for i in reversed(range(self.extra_ids)):
+        proto.pieces.add(piece=f"<extra_id_{i}>", score=0.0,
+                         type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+      return spm.SentencePieceProcessor(model_proto=proto.SerializeToString()), num_pieces
+    except (DecodeError, RuntimeError, OSError, ValueError) as e:
+      raise ConfigError(f"{where} is not a sentencepiece model ({len(self._model)} bytes that "
+                        f"do not parse: {str(e).strip() or type(e).__name__}); replace it with "
+                        "a real spiece.model") from None
 
   @property
   def serialized_model(self) -> bytes:
@@ -178,7 +197,7 @@ class SentencePieceVocabulary(Vocabulary):
     return (hashlib.sha256(self._model).hexdigest(), self.extra_ids)
 
   def _save_files(self, directory: pathlib.Path, config: dict) -> None:
-    (directory / SPIECE_FILE).write_bytes(self._model)
+    atomic.write_file(str(directory / SPIECE_FILE), self._model)
     config["model_file"] = SPIECE_FILE
 
   # The processor is a C++ object: pickle (for grain workers) the model bytes instead.
@@ -228,13 +247,17 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
     if (directory / SPIECE_FILE).is_file():
       return SentencePieceVocabulary(directory / SPIECE_FILE, extra_ids=100)
     raise ConfigFileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory}")
-  config = json.loads(config_path.read_text())
-  kind = config.get("kind")
+  try:
+    config = json.loads(config_path.read_text())
+    kind, extra_ids = config.get("kind"), config["extra_ids"]
+  except (ValueError, KeyError, AttributeError) as e:  # cut short, hand edited, not ours
+    raise ConfigError(f"{config_path} is not a vocabulary.json that t5lite wrote "
+                      f"({type(e).__name__}: {e})") from None
   if kind == "byte":
-    return ByteVocabulary(config["extra_ids"])
+    return ByteVocabulary(extra_ids)
   if kind == "sentencepiece":
     model_file = directory / config.get("model_file", SPIECE_FILE)
-    return SentencePieceVocabulary(model_file, config["extra_ids"])
+    return SentencePieceVocabulary(model_file, extra_ids)
   raise ConfigError(f"{config_path}: unknown vocabulary kind {kind!r}; "
                     "expected 'sentencepiece' or 'byte'")
 

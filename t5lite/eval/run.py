@@ -23,6 +23,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from t5lite.data.checks import check_feature_lengths, require_int
 from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
@@ -50,6 +51,10 @@ class EvalConfig:
   def __post_init__(self):
     check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
     check_not_url(self.output_dir, "EVAL_OUTPUT_DIR")
+    check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
+                          self.decode.batch_size)
+    require_int(self.max_examples, "EvalConfig.max_examples", minimum=1, optional=True)
+    _check_max_decode_length(self.decode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,20 @@ class InferConfig:
   def __post_init__(self):
     check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
     check_not_url(self.output_path, "INFER_OUTPUT")
+    # inputs_length - 1 tokens and an EOS: 1 would leave no room for any text.
+    require_int(self.inputs_length, "INPUTS_LENGTH (InferConfig.inputs_length)", minimum=2)
+    check_feature_lengths({"inputs": self.inputs_length}, "INPUTS_LENGTH",
+                          self.decode.batch_size)
+    _check_max_decode_length(self.decode)
+
+
+def _check_max_decode_length(decode: DecodeConfig) -> None:
+  """None means the default (the targets length; 128 for infer); 0 used to mean it too, as
+  `or` read it, so MAX_DECODE_LENGTH=0 silently decoded 128 tokens."""
+  require_int(decode.max_decode_length, "MAX_DECODE_LENGTH (DecodeConfig.max_decode_length)",
+              minimum=1, optional=True)
+  check_feature_lengths({"max_decode_length": decode.max_decode_length}, "MAX_DECODE_LENGTH",
+                        decode.batch_size)
 
 
 def _write_jsonl(path: str, records) -> None:
@@ -138,7 +157,10 @@ def _read_inputs(path: str) -> Iterator[str]:
           raise ConfigError(f"{path} line {number}: not valid JSON ({e})") from e
         if "inputs" not in record:
           raise ConfigError(f"{path} line {number}: a JSON object needs an 'inputs' field")
-        yield str(record["inputs"])
+        if not isinstance(record["inputs"], str):  # str() made null the text "None"
+          kind = "null" if record["inputs"] is None else type(record["inputs"]).__name__
+          raise ConfigError(f"{path} line {number}: 'inputs' is {kind}, expected text")
+        yield record["inputs"]
       else:
         yield line
   finally:
@@ -160,16 +182,16 @@ def infer(config: InferConfig) -> int:
     # Each process would read its own stdin: different inputs, mismatched collectives.
     raise ConfigError("with several processes INFER_INPUT must be a file that every host sees, "
                       "not stdin")
-  vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
-  texts = list(_read_inputs(config.input_path))
-  mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
-  model_config, params, _ = load_params(config.checkpoint_path, mesh, rules)
   decode = config.decode
   primary = jax.process_index() == 0
   to_file = primary and config.output_path != "-"
-  out = (open(config.output_path + ".tmp", "w", encoding="utf-8") if to_file
-         else sys.stdout if primary else None)
+  # The output is opened first: a bad INFER_OUTPUT used to fail after decoding everything.
+  out = _open_output(config.output_path) if to_file else sys.stdout if primary else None
   try:
+    texts = list(_read_inputs(config.input_path))
+    vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
+    mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
+    model_config, params, _ = load_params(config.checkpoint_path, mesh, rules)
     with part.activate(mesh, rules), tqdm.tqdm(total=len(texts), unit="input",
                                                file=sys.stderr, disable=not primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
@@ -178,7 +200,8 @@ def infer(config: InferConfig) -> int:
         inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
         # Every process decodes (a collective over the mesh); generate returns host arrays.
         tokens = generate(model_config, params, inputs,
-                          max_decode_length=decode.max_decode_length or 128,
+                          max_decode_length=(128 if decode.max_decode_length is None
+                                             else decode.max_decode_length),
                           **decode.generate_kwargs())
         if out is not None:
           for text, row in zip(chunk, tokens):
@@ -186,9 +209,29 @@ def infer(config: InferConfig) -> int:
                                  ensure_ascii=False) + "\n")
           out.flush()
         bar.update(len(chunk))
-  finally:
+  except BaseException:
     if to_file:
       out.close()
+      os.remove(out.name)  # nothing half written is left beside INFER_OUTPUT
+    raise
   if to_file:
-    os.replace(config.output_path + ".tmp", config.output_path)
+    out.close()
+    os.replace(out.name, config.output_path)
   return len(texts)
+
+
+def _open_output(path: str):
+  """The temporary file beside INFER_OUTPUT, opened for writing, or a ConfigError saying why
+  it cannot be: a folder, a folder that does not exist, no permission, a read-only disk."""
+  if os.path.isdir(path):
+    raise ConfigError(f"INFER_OUTPUT={path} is a folder: name a file, e.g. "
+                      f"{os.path.join(path, 'predictions.jsonl')}")
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise ConfigError(f"INFER_OUTPUT={path}: its folder {folder} does not exist (or is not a "
+                      "folder)")
+  try:
+    return open(path + ".tmp", "w", encoding="utf-8")
+  except OSError as e:
+    raise ConfigError(f"INFER_OUTPUT={path} cannot be written: {e.strerror or e} "
+                      f"({e.filename or path + '.tmp'})") from None
