@@ -24,6 +24,7 @@ setup(
         "optax>=0.2.8",
         "orbax-checkpoint>=0.12.0",
         "etils[epath]>=1.5",  # epath: the paths orbax takes (checkpoints.py)
+        "google-crc32c>=1.5",  # checkpoint checksums (runtime/integrity.py), TFRecord CRCs
         "grain>=0.2.18",
         "tensorflow-datasets>=4.9.10",
         "sentencepiece>=0.2.0",

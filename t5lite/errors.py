@@ -4,8 +4,10 @@ A ConfigError is a setup mistake: a flag, gin binding, task name, path, size or 
 that cannot work as given. Its message says what is wrong and, where it can, how to fix it.
 `t5lite` prints it on one line (`t5lite VERB: error: ...`) and exits 2, with no traceback.
 Any other exception is a bug (in t5lite or in a task's code) and keeps its traceback (exit
-1). Missing and already existing paths that the OS reports (FileNotFoundError,
-FileExistsError) are setup mistakes too.
+1). A damaged checkpoint (t5lite.runtime.integrity.CorruptCheckpointError) is a ConfigError
+too: bad data on disk, named in one line, that the user fixes by hand. What the OS reports
+(OSError: a missing or existing path, a file where a folder should be, no permission, a
+full or read-only disk) is the environment's, told in one line with its path, exit 2.
 
 ConfigError is a ValueError, so code that catches ValueError still catches it. Its two
 subclasses are also what a lookup and an open raise: ConfigKeyError is a KeyError (an unknown

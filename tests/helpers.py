@@ -85,6 +85,21 @@ def assert_trees_close(a, b, rtol: float = 1e-6, atol: float = 0.0) -> None:
     np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=path)
 
 
+def tree_digest(root) -> dict[str, str]:
+  """Every file under root with the sha256 of its bytes, and every folder: equal digests mean
+  a byte-identical tree."""
+  import hashlib
+  digest = {}
+  for folder, dirs, files in os.walk(root):
+    for d in dirs:
+      digest[os.path.relpath(os.path.join(folder, d), root) + "/"] = "dir"
+    for f in files:
+      with open(os.path.join(folder, f), "rb") as handle:
+        digest[os.path.relpath(os.path.join(folder, f), root)] = hashlib.sha256(
+            handle.read()).hexdigest()
+  return digest
+
+
 # --- runs -----------------------------------------------------------------------------------
 
 def quiet(_) -> None:

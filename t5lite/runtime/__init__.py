@@ -2,7 +2,8 @@
 where arrays live (partitioning), agreement between the processes of a job (processes), SIGTERM
 as a flag from the CLI's start to the last step (preemption), and
 a run's MODEL_DIR: its checkpoints, model config, vocabulary and metrics (checkpoints,
-model_dir, metrics_writer).
+model_dir, metrics_writer), the checkpoints' checksums and the run's log file (integrity), and
+its one writer (lease).
 
 Below train/, eval/ and export/, so each of them can read and write MODEL_DIRs and lay out
 params without importing another; above models/, data/ and families/.

@@ -13,10 +13,16 @@ so a restart resumes on the exact next batch with the exact params and optimizer
 Atomicity: orbax writes a step into a temporary folder and renames it when every file (and
 every process) is done, so a step folder that exists is complete: a crash or SIGKILL mid-save
 leaves only a temporary folder, which is never listed and is removed on the next start.
-Corruption: a committed step that still fails to read (a disk error, a truncated file) is
-reported by number; with `on_corrupt='fallback'` the next older step is tried, with 'stop'
-the run stops; with several processes, all of them agree on each step tried, so they fall
-back or stop together (restore_latest). Restoring onto another mesh: pass abstract arrays
+
+Integrity (t5lite/runtime/integrity.py): once committed, each step is sealed with the CRC32C
+of every file in it, and every restore (resume, and restore_params: eval, infer, export,
+INITIAL_CHECKPOINT_PATH) verifies them, then checks that the arrays are finite. A damaged
+step is named with the file that fails. Resuming, with `on_corrupt='fallback'` the damaged
+step is moved aside to checkpoints/<step>.corrupt-N and the next older one is tried, so the
+run retrains the lost steps and saves them in its place; with 'stop' the run stops and
+nothing is moved. With several processes, process 0 checks the files, every process reads
+its own shards, and all of them agree on each step tried, so they fall back or stop
+together (restore_latest). Restoring onto another mesh: pass abstract arrays
 (jax.ShapeDtypeStruct) that carry the target shardings; orbax reads each shard where it now
 belongs.
 """
@@ -26,6 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 from typing import Any
 
 import jax
@@ -35,13 +42,13 @@ from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.runtime import integrity
+from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
 
 CHECKPOINTS_DIR = "checkpoints"
 ON_CORRUPT = ("fallback", "stop")
 Tree = Any
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +84,14 @@ class CheckpointConfig:
                         f"{ON_CORRUPT}")
 
 
-class CorruptCheckpointError(RuntimeError):
-  """A committed checkpoint step that cannot be restored."""
+class CheckpointWriteError(ConfigError):
+  """The filesystem refused a checkpoint save (full, read-only, over quota): the
+  environment's doing, told in one line (exit 2); the committed checkpoints are intact."""
+
+
+_OS_ERROR_WORDS = ("No space left on device", "Disk quota exceeded", "Read-only file system",
+                   "Permission denied", "os_error_code")
+"""How TensorStore reports an OS error inside its own exception types (ValueError)."""
 
 
 def checkpoint_dir(model_dir: str | os.PathLike) -> str:
@@ -102,26 +115,38 @@ def _preservation(config: CheckpointConfig):
 
 
 class Checkpointer:
-  """The run's checkpoints: save, list, restore (with fallback), close."""
+  """The run's checkpoints: save (and seal), list, restore (verified, with fallback), close."""
 
   def __init__(self, model_dir: str | os.PathLike, config: CheckpointConfig = CheckpointConfig(),
-               *, read_only: bool = False):
+               *, read_only: bool = False, lease=None):
     self.config = config
+    self.read_only = read_only
+    self.lease = lease  # t5lite.runtime.lease.Lease: no save once another run has taken it
     self.directory = checkpoint_dir(model_dir)
+    self.model_dir = os.path.dirname(self.directory)
+    self.is_primary = jax.process_index() == 0
+    self._unsealed: list[int] = []  # saved by this run, not sealed yet
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation(config),
         enable_async_checkpointing=config.async_save,
         # A save that a crash cut short leaves a temporary folder; clear it at start.
         cleanup_tmp_directories=not read_only,
         read_only=read_only,
-        create=not read_only,
+        # Not at start: a run refused before its first save leaves no folder behind (save
+        # makes it).
+        create=False,
         # With a best_fn orbax also writes each ranked checkpoint's metrics into its step
         # folder, so the ranking (and which step BestN keeps) survives a restart.
         **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
            if config.best_metric else {}),
     )
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "data"))
+    with _quiet_orbax(logging.CRITICAL):  # a damaged step's metadata: verify names it
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_names=("state", "data"))
+    self._in_flight: int | None = None  # the step being saved in the background
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(int(step)))
 
   def all_steps(self) -> list[int]:
     """Committed steps, oldest first."""
@@ -134,17 +159,62 @@ class Checkpointer:
   def save(self, step: int, state: Tree, data_state: dict | None,
            metrics: dict[str, float] | None = None) -> None:
     """Starts saving `state` and `data_state` as checkpoint `step` (async unless configured
-    otherwise). Waits first for a previous save still in flight. `metrics` (holding
-    best_metric, when one is configured) rank the checkpoint for keeping the best."""
+    otherwise). Waits first for a previous save still in flight, and seals it. `metrics`
+    (holding best_metric, when one is configured) rank the checkpoint for keeping the best."""
+    self.wait()
+    if self.lease is not None:
+      self.lease.check()
     if step in self._manager.all_steps():
       return  # already saved (e.g. the last periodic save was the final step)
     best = self.config.best_metric
     if metrics is not None and (best is None or best not in metrics):
       metrics = None  # orbax ranks every checkpoint that has metrics: only complete ones
-    self._manager.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state if data_state is not None else {})),
-        metrics=metrics, force=True)
+    os.makedirs(self.directory, exist_ok=True)
+    self._in_flight = int(step)
+    with self._write_errors():
+      self._manager.save(int(step), args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave(data_state if data_state is not None else {})),
+          metrics=metrics, force=True)
+    self._unsealed.append(int(step))
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """A save the filesystem refused (full, read-only, no permission, over quota) ends the
+    run with one line naming the step and the OS's words, and the committed checkpoints
+    intact (orbax writes into a temporary folder); the details go to the log file. Other
+    errors are bugs and keep their traceback."""
+    try:
+      yield
+    except Exception as e:  # orbax and TensorStore wrap OS errors in their own kinds
+      causes = [e]
+      while causes[-1].__cause__ is not None and len(causes) < 10:
+        causes.append(causes[-1].__cause__)
+      if not any(isinstance(c, OSError) or any(w in str(c) for w in _OS_ERROR_WORDS)
+                 for c in causes):
+        raise
+      step, self._in_flight = self._in_flight, None
+      log_path = integrity.log_details(self.model_dir, f"saving checkpoint step {step} "
+                                       f"failed:\n{integrity.error_details(e)}")
+      committed = [s for s in self._manager.all_steps() if s != step]
+      words = next((w for c in causes for w in _OS_ERROR_WORDS[:-1] if w in str(c)), None)
+      reason = integrity.first_line(e, 300)
+      raise CheckpointWriteError(
+          f"saving checkpoint step {step} in {self.directory} failed: "
+          + (f"{words} ({reason})" if words and not reason.startswith("[Errno") else reason)
+          + "; the committed checkpoints "
+          f"({', '.join(map(str, sorted(committed))) or 'none'}) are intact: free space or fix "
+          "the folder, then rerun the same command to resume"
+          + (f" (details in {log_path})" if log_path else "")) from e
+
+  def _seal_committed(self) -> None:
+    """Seals the steps this run saved that orbax has committed since (process 0 writes;
+    a step that retention already removed is skipped)."""
+    for step in self._unsealed:
+      step_dir = self.step_dir(step)
+      if self.is_primary and os.path.isdir(step_dir) and not integrity.is_sealed(step_dir):
+        integrity.seal(step_dir)
+    self._unsealed = []
 
   def best(self) -> tuple[int, float] | None:
     """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from
@@ -153,7 +223,7 @@ class Checkpointer:
     metric = self.config.best_metric
     if metric is None:
       return None
-    self._manager.wait_until_finished()
+    self.wait()
     ranked = [(step, (self._manager.metrics(step) or {}).get(metric))
               for step in self.all_steps()]
     ranked = [(step, float(value)) for step, value in ranked if value is not None]
@@ -164,7 +234,10 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
     """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of
-    `abstract_state` (a tree of jax.ShapeDtypeStruct with .sharding, or of arrays)."""
+    `abstract_state` (a tree of jax.ShapeDtypeStruct with .sharding, or of arrays);
+    verified against its checksums, and finite."""
+    if self.is_primary:
+      integrity.verify(self.step_dir(step), step)
     state, data_state = self._read(step, abstract_state)
     _check_finite_tree(state, step, self.directory)
     return state, data_state
@@ -176,37 +249,50 @@ class Checkpointer:
     handler = ocp.CompositeCheckpointHandler(state=ocp.StandardCheckpointHandler(),
                                              data=ocp.JsonCheckpointHandler())
     try:
-      restored = handler.restore(epath.Path(self.directory) / str(int(step)),
+      restored = handler.restore(epath.Path(self.step_dir(step)),
                                  args=ocp.args.Composite(
                                      state=ocp.args.StandardRestore(abstract_state),
                                      data=ocp.args.JsonRestore()))
     except Exception as e:  # orbax and tensorstore raise many kinds
-      raise CorruptCheckpointError(
-          f"checkpoint step {step} in {self.directory} cannot be restored: "
-          f"{type(e).__name__}: {e}") from e
+      raise CorruptCheckpointError(f"checkpoint step {step} cannot be read: "
+                                   f"{type(e).__name__}: {integrity.first_line(e)}") from e
     finally:
       handler.close()
     return restored["state"], dict(restored["data"] or {})
 
+  def _try(self, step: int, abstract_state: Tree, noise: list[str]):
+    """(read, sealed, error) of one step on this process: process 0 verifies the files
+    first (and then reads nothing if they fail), every process reads its shards."""
+    sealed = None
+    with integrity.captured_noise(noise):
+      try:
+        if self.is_primary:
+          sealed = integrity.verify(self.step_dir(step), step)
+        return self._read(step, abstract_state), sealed, None
+      except CorruptCheckpointError as e:
+        return None, sealed, e
+
   def restore_latest(self, abstract_state: Tree) -> tuple[Tree, dict, int] | None:
-    """The newest readable checkpoint as (state, data_state, step), or None when there is
-    none. An unreadable one falls back to the next older (on_corrupt='fallback', a warning
-    names it) or raises CorruptCheckpointError ('stop'). No checkpoint is deleted.
+    """The newest intact checkpoint as (state, data_state, step), or None when there is
+    none. A damaged one is moved aside and the next older tried (on_corrupt='fallback', one
+    warning line names it, MODEL_DIR/t5lite.log has the details), or CorruptCheckpointError
+    is raised and nothing moved ('stop'). No checkpoint is ever deleted.
 
     With several processes, each reads its own shards, so one may fail where the others
     read fine: they agree on every step tried (one all-gather of a flag), and fall back or
     stop together, so all restore the same step."""
     steps = self.all_steps()
+    damaged = []
     for step in reversed(steps):
-      try:
-        read, error = self._read(step, abstract_state), None
-      except CorruptCheckpointError as e:
-        read, error = None, e
+      noise: list[str] = []
+      read, sealed, error = self._try(step, abstract_state, noise)
       failed = [i for i, bad in enumerate(all_flags(error is not None)) if bad]
       if not failed:
         state, data_state = read
         try:  # a collective over the restored arrays: the same answer on every process
           _check_finite_tree(state, step, self.directory)
+          if self.is_primary and not sealed and not self.read_only:
+            integrity.seal(self.step_dir(step))  # committed by orbax, read whole: trusted
           return state, data_state, step
         except CorruptCheckpointError as e:
           error = e
@@ -214,31 +300,53 @@ class Checkpointer:
         error = CorruptCheckpointError(
             f"checkpoint step {step} in {self.directory} cannot be restored by process(es) "
             f"{failed} (their output says why)")
-      self._give_up_or_fall_back(error, step, steps)
+      damaged.append(self._give_up_or_fall_back(error, step, steps, noise))
     if steps:
       raise CorruptCheckpointError(
-          f"none of the checkpoints {steps} in {self.directory} can be restored; move "
-          "MODEL_DIR/checkpoints away to start from scratch")
+          f"every checkpoint in {self.directory} is damaged ({', '.join(damaged)}); the run "
+          "stops rather than start over from step 0: rerun the same command to train from "
+          "scratch, or put back a good copy of a step folder")
     return None
 
   def _give_up_or_fall_back(self, error: CorruptCheckpointError, step: int,
-                            steps: list[int]) -> None:
-    """Raises for on_corrupt='stop'; otherwise warns that `step` is skipped."""
+                            steps: list[int], noise: list[str]) -> str:
+    """Raises for on_corrupt='stop'; otherwise moves `step` aside, warns in one line and
+    returns where it went. The details (tracebacks, orbax's output) go to the log file."""
+    where = ""
+    if self.is_primary:
+      log_path = integrity.log_details(self.model_dir, "\n".join(
+          [f"checkpoint step {step} in {self.directory} is damaged:",
+           integrity.error_details(error), *noise]))
+      where = f" (details in {log_path})" if log_path else ""
     if self.config.on_corrupt == "stop":
       raise CorruptCheckpointError(
-          f"{error}\n  The run stops (CheckpointConfig.on_corrupt='stop'). Move that step "
-          "folder away to resume from the one before, or set on_corrupt='fallback'.") from error
+          f"{error}{where}. The run stops and changes nothing "
+          "(CheckpointConfig.on_corrupt='stop'): move that step folder away to resume from "
+          "the one before, or set on_corrupt='fallback'") from error
+    moved = self.step_dir(step)
+    if self.is_primary and not self.read_only:
+      moved = integrity.move_aside(moved)
+    if jax.process_count() > 1:
+      all_flags(True)  # every process lists the checkpoints after process 0 has moved it
+    if not self.read_only:
+      with _quiet_orbax(logging.CRITICAL):
+        self._manager.reload()
     older = [s for s in steps if s < step]
-    where = f"falling back to step {older[-1]}" if older else "no older checkpoint left"
-    log.warning("%s; %s", error, where)
-    print(f"t5lite: warning: checkpoint step {step} is unreadable ({where}): {error}", flush=True)
+    then = f"falling back to step {older[-1]}" if older else "no older checkpoint"
+    kept = ("left in place (read only)" if self.read_only
+            else f"moved to {os.path.relpath(moved, self.model_dir)}")
+    print(f"t5lite: warning: {error}; {kept}, {then}{where}", file=sys.stderr, flush=True)
+    return os.path.basename(moved)
 
   def wait(self) -> None:
-    """Blocks until the save in flight (if any) has committed."""
-    self._manager.wait_until_finished()
+    """Blocks until the save in flight (if any) has committed, and seals it."""
+    with self._write_errors():
+      self._manager.wait_until_finished()
+    self._in_flight = None
+    self._seal_committed()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
 
 
@@ -251,16 +359,18 @@ def _check_finite_tree(state: Tree, step: int, directory: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_orbax():
+def _quiet_orbax(level: int = logging.ERROR):
   """Orbax warns, when reading a finished run, that its folder is read only and that a step's
-  item has no metadata file of its own: true and expected, so not shown to users."""
+  item has no metadata file of its own: true and expected, so not shown to users. Listing
+  steps (level CRITICAL) it also logs a damaged step's metadata file as an error: the
+  checksums name that file, in one line, when the step is read."""
   logger = logging.getLogger("absl")
-  level = logger.level
-  logger.setLevel(logging.ERROR)
+  saved = logger.level
+  logger.setLevel(level)
   try:
     yield
   finally:
-    logger.setLevel(level)
+    logger.setLevel(saved)
 
 
 def _step_state_dir(path: str) -> tuple[str, int]:
@@ -273,7 +383,7 @@ def _step_state_dir(path: str) -> tuple[str, int]:
   if not os.path.isdir(directory):
     raise ConfigFileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ "
                                   "folder and not a step folder)")
-  with _quiet_orbax():
+  with _quiet_orbax(logging.CRITICAL):
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
         read_only=True, create=False), item_names=("state", "data"))
     step = manager.latest_step()
@@ -287,13 +397,35 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
   """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
   shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
 
-  path: a MODEL_DIR, its checkpoints/ folder or one step folder. Raises ValueError naming
-  every parameter whose shape or presence differs (e.g. another vocabulary size).
+  path: a MODEL_DIR, its checkpoints/ folder or one step folder. The step is verified against
+  its checksums (process 0 reads the files; the processes agree) and the params must be
+  finite: CorruptCheckpointError otherwise. Nothing is written, so a damaged step stays where
+  it is. Raises ConfigError naming every parameter whose shape or presence differs (e.g.
+  another vocabulary size).
   """
   state_dir, step = _step_state_dir(path)
+  step_dir = os.path.dirname(state_dir)
+  noise: list[str] = []
+  sealed, error = None, None
+  if jax.process_index() == 0:
+    try:
+      sealed = integrity.verify(step_dir, step)
+    except CorruptCheckpointError as e:
+      error = e
+  if any(all_flags(error is not None)):
+    raise error or CorruptCheckpointError(
+        f"checkpoint step {step} in {step_dir} fails its checksums (process 0 says which file)")
+  if sealed is False:
+    print(f"t5lite: warning: checkpoint step {step} in {step_dir} has no checksums (saved by "
+          "an older t5lite, or its run stopped right after saving it); reading it unverified",
+          file=sys.stderr, flush=True)
   checkpointer = ocp.PyTreeCheckpointer()
-  with _quiet_orbax():
-    saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
+  try:
+    with _quiet_orbax(), integrity.captured_noise(noise):
+      saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
+  except Exception as e:  # a damaged _METADATA / _sharding: orbax raises many kinds
+    raise CorruptCheckpointError(f"checkpoint step {step} in {step_dir}: its array metadata "
+                                 f"cannot be read: {integrity.first_line(e)}") from e
   if saved is None:
     raise ConfigError(f"{state_dir} has no params")
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
@@ -314,10 +446,12 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
         "model_config.json)")
   restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
   try:
-    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item={"params": abstract_params}, restore_args={"params": restore_args},
-        partial_restore=True))
+    with integrity.captured_noise(noise):
+      restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+          item={"params": abstract_params}, restore_args={"params": restore_args},
+          partial_restore=True))
   except Exception as e:
     raise CorruptCheckpointError(f"checkpoint {state_dir} (step {step}) cannot be read: "
-                                 f"{type(e).__name__}: {e}") from e
+                                 f"{type(e).__name__}: {integrity.first_line(e)}") from e
+  _check_finite_tree(restored["params"], step, step_dir)
   return restored["params"], step

@@ -31,7 +31,11 @@ class MetricsWriter:
   (`is_primary=False`) every method is a no-op and nothing is created.
   """
 
-  def __init__(self, model_dir: str | os.PathLike, *, is_primary: bool = True):
+  def __init__(self, model_dir: str | os.PathLike, *, is_primary: bool = True,
+               resume_step: int | None = None):
+    """resume_step: the checkpoint step a resumed run starts from. Rows of later steps (logged
+    by the interrupted run after that checkpoint) are dropped, as the run logs those steps
+    again; TensorBoard is told the same (purge_step)."""
     self.model_dir = os.fspath(model_dir)
     self.is_primary = is_primary
     self._jsonl = None
@@ -39,11 +43,15 @@ class MetricsWriter:
     if not is_primary:
       return
     os.makedirs(self.model_dir, exist_ok=True)
+    path = os.path.join(self.model_dir, METRICS_FILE)
+    if resume_step is not None:
+      _drop_rows_after(path, resume_step)
     # Append, so that a run resumed from a checkpoint keeps the earlier history.
-    self._jsonl = open(os.path.join(self.model_dir, METRICS_FILE), "a", encoding="utf-8")
+    self._jsonl = open(path, "a", encoding="utf-8")
     # Imported here so that non-primary hosts and pure-formatting users need not load it.
     from tensorboardX import SummaryWriter
-    self._tb = SummaryWriter(logdir=os.path.join(self.model_dir, TENSORBOARD_DIR))
+    self._tb = SummaryWriter(logdir=os.path.join(self.model_dir, TENSORBOARD_DIR),
+                             purge_step=None if resume_step is None else resume_step + 1)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Logs `scalars` (name -> number) at `step`: one JSONL line and one TB scalar each."""
@@ -55,26 +63,55 @@ class MetricsWriter:
     values = {name: _to_float(value) for name, value in scalars.items()}
     # NaN/inf are not valid JSON; write null so that every line stays parseable.
     record = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
-    self._jsonl.write(json.dumps(record) + "\n")
-    # Flushed per call so `t5lite plot` and `tail -f` see a live run, and a crash loses nothing.
-    self._jsonl.flush()
-    for name, value in values.items():
-      self._tb.add_scalar(name, value, global_step=step)
-    self._tb.flush()
+    try:
+      self._jsonl.write(json.dumps(record) + "\n")
+      # Flushed per call so `t5lite plot` and `tail -f` see a live run, and a crash loses
+      # nothing.
+      self._jsonl.flush()
+      for name, value in values.items():
+        self._tb.add_scalar(name, value, global_step=step)
+      self._tb.flush()
+    except OSError as e:  # a write error names no file (a full disk): name the folder
+      raise OSError(e.errno, e.strerror, self.model_dir) from e
 
   def close(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.close()
-      self._jsonl = None
-    if self._tb is not None:
-      self._tb.close()
-      self._tb = None
+    jsonl, tb, self._jsonl, self._tb = self._jsonl, self._tb, None, None
+    try:
+      if jsonl is not None:
+        jsonl.close()
+      if tb is not None:
+        tb.close()
+    except OSError as e:  # the last flush (a full disk): name the folder
+      raise OSError(e.errno, e.strerror, self.model_dir) from e
 
   def __enter__(self) -> "MetricsWriter":
     return self
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+  """Rewrites metrics.jsonl without the rows of steps after `step` (atomically). A torn last
+  line (a kill mid-write) is dropped too."""
+  if not os.path.isfile(path):
+    return
+  kept, dropped = [], 0
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        row_step = json.loads(line)["step"]
+      except (ValueError, KeyError, TypeError):
+        dropped += 1
+        continue
+      if row_step > step:
+        dropped += 1
+      else:
+        kept.append(line if line.endswith("\n") else line + "\n")
+  if dropped:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)
 
 
 def format_duration(seconds: float) -> str:

@@ -97,16 +97,37 @@ def check_compatible(model_dir: str | os.PathLike, model_config: ModelConfig) ->
                       "use a new MODEL_DIR, or the model gin file it was trained with")
 
 
+def check_vocabulary(model_dir: str | os.PathLike, vocabulary: Vocabulary | None,
+                     what: str = "MODEL_DIR") -> None:
+  """Raises ConfigError when `model_dir` holds a vocabulary (vocabulary.json, or an HF
+  directory's spiece.model) other than `vocabulary`: its checkpoints' ids mean other text,
+  and resuming or finetuning them on this task would train on (and infer, eval and export
+  would decode with) the wrong one."""
+  from t5lite.data.vocabularies import CONFIG_FILE, SPIECE_FILE, load_vocabulary
+  model_dir = os.fspath(model_dir)
+  if vocabulary is None or not any(os.path.isfile(os.path.join(model_dir, name))
+                                   for name in (CONFIG_FILE, SPIECE_FILE)):
+    return
+  saved = load_vocabulary(model_dir)
+  if not vocabulary == saved:  # the task's on the left: a lazy one compares what it wraps
+    raise ConfigError(
+        f"{what} {model_dir} was trained with another vocabulary ({saved!r}) than the task's "
+        f"({vocabulary!r}); use a task with the checkpoint's vocabulary (T5LITE_VOCAB="
+        f"{model_dir} points the shipped tasks at it), or a new MODEL_DIR")
+
+
 def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
             vocabulary: Vocabulary | None, gin_config_text: str | None = None) -> None:
   """Writes (or, when present, checks) model_config.json, the vocabulary and config.gin.
 
-  Call on the primary process only. A MODEL_DIR that already holds another model config is
-  refused before anything is overwritten.
+  Call on the primary process only, once every check that can refuse the run has passed
+  (t5lite.train.trainer.train): a refused run leaves MODEL_DIR as it found it. A MODEL_DIR
+  that holds another model config or vocabulary is refused before anything is overwritten.
   """
   model_dir = os.fspath(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   check_compatible(model_dir, model_config)
+  check_vocabulary(model_dir, vocabulary)
   _write_atomic(os.path.join(model_dir, MODEL_CONFIG_FILE), model_config.to_json() + "\n")
   if vocabulary is not None:
     vocabulary.save(model_dir)

@@ -11,15 +11,20 @@ device-to-host read of the window and the step's metrics). So the host fetches a
 next batch while the device runs the step, and dispatches step k + 1 before step k is done.
 
 Non-finite steps are found at those reads: with StepConfig.nonfinite='stop' the window froze
-the state at the first non-finite step (no update applied since), and the run stops with an
-error naming that step, before any checkpoint or eval sees the state; with 'skip' the log
-rows count the dropped updates (skipped_steps).
+the state at the first non-finite step k (no update applied since), so the state in memory is
+the last good one: it is saved as checkpoint k - 1, marked as such (its data position is past
+the batches drawn since, so a rerun, e.g. with a lower learning rate, resumes there and skips
+them, as PaLM restarted before loss spikes), and the run stops with an error naming step k,
+before any eval sees the state. With 'skip' the window counts every dropped update
+(skipped_steps in the log rows); when more than StepConfig.max_skipped_fraction of the steps
+run so far (counted from the tenth) were dropped, the run stops.
 
 The step is compiled ahead of time, before the first step: its compile time is recorded once
 (compile_s in the first metrics row) and stays out of tokens/s and MFU.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable
@@ -31,10 +36,17 @@ from t5lite.runtime import preemption
 from t5lite.runtime import partitioning as part
 from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine
 from t5lite.runtime.processes import all_flags
+from t5lite.train import data_state
 from t5lite.train.actions import Action, Clock, Evaluate, default_actions
 from t5lite.train.step import new_window
 
 Tree = Any
+NONFINITE_MARK = "t5lite_last_good_state"
+"""Key of the data item of a checkpoint saved as the last good state before a non-finite
+step (StepConfig.nonfinite='stop'); what a resumed run reports."""
+MIN_STEPS_FOR_FRACTION = 10
+"""StepConfig.max_skipped_fraction is checked once a run has taken this many steps: one early
+skipped step out of three is not yet a pattern."""
 
 
 @dataclasses.dataclass
@@ -72,6 +84,9 @@ class Loop:
     self.clock = Clock()
     self.progress = ProgressLine(trainer.config.train_steps, start_step=self.step)
     self._host = None  # (window, metrics) read at this step, or None
+    # Steps and skipped steps of the windows closed so far (the open one is read by host()).
+    self.closed_steps = self.closed_skipped = 0
+    self.stop_error: Exception | None = None  # ends the run after this step's actions
 
   def advance(self) -> None:
     """Counts the step just dispatched; nothing of it has been read yet."""
@@ -81,6 +96,9 @@ class Loop:
 
   def reset_window(self) -> None:
     """Opens a new metrics window (after a log) and restarts the throughput clock."""
+    if self._host is not None:
+      self.closed_steps += self._host[0]["steps"]
+      self.closed_skipped += self._host[0]["nonfinite_steps"]
     self.window = jax.device_put(new_window(), self.trainer.replicated)
     self.clock.restart()
 
@@ -92,34 +110,67 @@ class Loop:
       window = {k: int(v) if k != "loss_sum" else float(v) for k, v in window.items()}
       metrics = {k: float(v) for k, v in metrics.items() if k != "nonfinite"}
       self._host = (window, metrics)
-      if window["first_nonfinite"] >= 0 and self.trainer.config.step.nonfinite == "stop":
+      step_config = self.trainer.config.step
+      if window["first_nonfinite"] >= 0 and step_config.nonfinite == "stop":
         self._stop_nonfinite(window["first_nonfinite"])
+      if step_config.nonfinite == "skip" and step_config.max_skipped_fraction is not None:
+        self._check_skipped(window, step_config.max_skipped_fraction)
     return self._host
 
   def _stop_nonfinite(self, step: int) -> None:
-    last = self.checkpointer.latest_step()
+    """Saves the state before non-finite step `step` (the window froze it there) as
+    checkpoint step - 1, marked, then stops the run."""
+    good = step - 1
+    saved = good in self.checkpointer.all_steps()
+    if not saved and good > 0:
+      position = data_state.global_state(self.batches)  # past the batches drawn since
+      position[NONFINITE_MARK] = {
+          "first_nonfinite_step": step, "batches_drawn_until_step": self.step + (0 if self.last or self.stopping else 1),
+          "note": "the last good state before a non-finite step; the data position is "
+                  "past the batches drawn since, which a resumed run skips"}
+      self.checkpointer.save(good, self.state, position)
+      self.checkpointer.wait()
+    where = (f"checkpoint {good} holds the state before it"
+             + ("" if saved else " (saved now, marked as the last good state; a rerun resumes "
+                "there and skips the batches drawn since)") if good > 0
+             else "no update was ever applied")
     raise FloatingPointError(
         f"non-finite loss or gradients at step {step}; the run stops, no update was applied "
-        f"from that step on (the state in memory is the one before it). Last checkpoint: "
-        f"{last if last is not None else 'none'}. Lower the learning rate, check the data, "
+        f"from that step on: {where}. Lower the learning rate, check the data, "
         "or set StepConfig.nonfinite='skip' to drop such updates")
+
+  def _check_skipped(self, window: dict, fraction: float) -> None:
+    steps = self.closed_steps + window["steps"]
+    skipped = self.closed_skipped + window["nonfinite_steps"]
+    if steps >= MIN_STEPS_FOR_FRACTION and skipped > fraction * steps:
+      last = self.checkpointer.latest_step()
+      # Raised once this step's actions ran: its log row counts the skips it reports.
+      self.stop_error = FloatingPointError(
+          f"{skipped} of the {steps} steps run up to step {self.step} had a non-finite loss or "
+          f"gradients and were skipped, more than StepConfig.max_skipped_fraction={fraction}; "
+          f"the run stops (last checkpoint: {last if last is not None else 'none'}). Lower "
+          "the learning rate or check the data; raise max_skipped_fraction (None: never "
+          "stop) to go on regardless")
 
 
 def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
-        log: Callable[[str], None], actions: list[Action] | None = None):
+        log: Callable[[str], None], actions: list[Action] | None = None, *,
+        prepare: Callable[[], None] = lambda: None):
   """Trains from MODEL_DIR's newest checkpoint (or INITIAL_CHECKPOINT_PATH, or a fresh init)
-  to TRAIN_STEPS; returns the TrainResult."""
+  to TRAIN_STEPS; returns the TrainResult. `prepare` runs once the start state is known, so
+  that what it writes to MODEL_DIR is written only by a run that goes on."""
   config = trainer.config
   batches = trainer.dataset(config.mixture_or_task_name, trainer.pipeline_config(),
                             config.data_workers)
   state, step = trainer.initial_state(checkpointer, batches, log)
+  prepare()
   result = TrainResult(step=step, losses={})
   if step >= config.train_steps:
     log(f"t5lite: already at step {step} >= TRAIN_STEPS={config.train_steps}; nothing to do "
         "(raise TRAIN_STEPS to train on)")
     return result
   actions = default_actions(config) if actions is None else actions
-  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary)
+  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary, resume_step=step)
   loop = Loop(trainer, checkpointer, batches, writer, result, sigterm, log)
   loop.state = state
   try:
@@ -130,10 +181,13 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
       log(f"t5lite: preempted (SIGTERM) before the first step, at step {step}: nothing new "
           "to save; rerun the same command to resume")
       result.preempted = True
-      return result
-    _train(loop, actions)
-  finally:
-    writer.close()
+    else:
+      _train(loop, actions)
+  except BaseException:
+    with contextlib.suppress(OSError):  # e.g. a full disk: the error on its way out says so
+      writer.close()
+    raise
+  writer.close()
   result.step = loop.step
   return result
 
@@ -164,6 +218,8 @@ def _train(loop: Loop, actions: list[Action]) -> None:
       action.run(loop)
       if action.pauses_clock:
         loop.clock.pause_for(time.perf_counter() - start)
+    if loop.stop_error is not None:
+      raise loop.stop_error
     if loop.stopping and not loop.last:
       loop.log(f"t5lite: preempted (SIGTERM): saved checkpoint {loop.step}; rerun the same "
                "command to resume")

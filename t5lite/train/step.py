@@ -65,12 +65,18 @@ class StepConfig:
   nonfinite: str = "stop"
   """On a NaN/inf loss or gradient: 'stop' (the loop raises) or 'skip' (the update is dropped,
   the step counted). The update is never applied in either mode; see the module docstring."""
+  max_skipped_fraction: float | None = 0.1
+  """With 'skip': the training loop stops once more than this fraction of the steps it ran
+  were skipped (checked from the tenth step on); None never stops. Host-side only."""
 
   def __post_init__(self):
     if self.microbatches < 1:
       raise ConfigError(f"microbatches must be >= 1, got {self.microbatches}")
     if self.nonfinite not in NONFINITE_MODES:
       raise ConfigError(f"nonfinite={self.nonfinite!r} is not one of {NONFINITE_MODES}")
+    fraction = self.max_skipped_fraction
+    if fraction is not None and not 0 <= fraction <= 1:
+      raise ConfigError(f"max_skipped_fraction={fraction!r} must be in [0, 1] or None")
     lnf = self.loss_normalizing_factor
     if not (lnf is None or lnf in losses.NORMALIZERS
             or (isinstance(lnf, (int, float)) and not isinstance(lnf, bool) and lnf > 0)):

@@ -34,7 +34,8 @@ backend, gloo included.
 
 Several processes. First they check that all see MODEL_DIR as one folder
 (model_dir.check_shared). Each feeds the rows its devices hold (partitioning.process_batch_slice);
-only process 0 writes MODEL_DIR files (metrics, config, vocabulary) and prints; every process
+only process 0 holds MODEL_DIR's lease (runtime/lease.py: one writer per MODEL_DIR), writes
+MODEL_DIR files (metrics, config, vocabulary) and prints; every process
 writes its shards of each checkpoint (orbax); the data iterator state is gathered into one.
 """
 from __future__ import annotations
@@ -57,6 +58,8 @@ from t5lite.families import family_of
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime import integrity
+from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
 from t5lite.train import loop as loop_lib
@@ -124,12 +127,22 @@ class TrainConfig:
   preemption_check_period: int = 1
   """With several processes, agree on SIGTERM every this many steps: one all-gather of a flag,
   which waits for the step to finish. Raise it when steps take milliseconds."""
+  lease_timeout_s: float = 600.0
+  """A run holds MODEL_DIR's lease (t5lite/runtime/lease.py) and renews it every tenth of
+  this; a lease not renewed for this long (its holder on another host died) is taken over."""
 
   def __post_init__(self):
+    # Floats, bools and strings pass `< 1`: TRAIN_STEPS=10.5 trained to step 11.
+    from t5lite.data.checks import check_feature_lengths, require_int
     for name in ("train_steps", "batch_size", "log_period", "eval_steps",
                  "preemption_check_period"):
-      if getattr(self, name) < 1:
-        raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+      require_int(getattr(self, name), f"TrainConfig.{name}", minimum=1)
+    for name in ("seed", "data_workers", "eval_period", "infer_eval_period"):
+      require_int(getattr(self, name), f"TrainConfig.{name}", minimum=0 if name != "seed" else None)
+    require_int(self.infer_eval_examples, "TrainConfig.infer_eval_examples", minimum=1,
+                optional=True)
+    # Before anything is allocated (a length of 10**12 once asked for 2.3 PB).
+    check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS", self.batch_size)
     if not self.model_dir:
       raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
     model_dir_lib.check_not_url(self.model_dir)
@@ -203,10 +216,16 @@ class Trainer:
     restored = checkpointer.restore_latest(self.abstract_state)
     if restored is not None:
       state, saved_data_state, step = restored
+      mark = saved_data_state.pop(loop_lib.NONFINITE_MARK, None)
       batches.set_state(saved_data_state)
       log(f"t5lite: resuming from step {step} in {checkpointer.directory}")
+      if mark:
+        log(f"t5lite: step {step} is the last good state before the non-finite step "
+            f"{mark['first_nonfinite_step']}; the data goes on after the batch of step "
+            f"{mark['batches_drawn_until_step']} (the batches between are skipped)")
       return state, step
     if config.initial_checkpoint_path:
+      self.check_initial_vocabulary(config.initial_checkpoint_path)
       params, step = self.initial_params(config.initial_checkpoint_path)
       if step >= config.train_steps:
         raise ConfigError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path} is at step "
@@ -216,6 +235,21 @@ class Trainer:
           f"{config.train_steps - step} steps to go")
       return self.state_from_params(params, step), step
     return self.fresh_state(), 0
+
+  @functools.cached_property
+  def vocabulary(self):
+    """The task's (targets) vocabulary: what MODEL_DIR and INITIAL_CHECKPOINT_PATH must have."""
+    return task_vocabulary(self.config.mixture_or_task_name)
+
+  def check_initial_vocabulary(self, path: str) -> None:
+    """Finetuning a checkpoint on a task of another vocabulary would map its ids to other
+    text: refused (a t5lite MODEL_DIR's vocabulary, an HF directory's spiece.model)."""
+    path = os.path.expanduser(path)
+    try:
+      source = model_dir_lib.model_dir_of(path)
+    except FileNotFoundError:
+      source = path  # an HF directory
+    model_dir_lib.check_vocabulary(source, self.vocabulary, "INITIAL_CHECKPOINT_PATH")
 
   def fresh_state(self) -> TrainState:
     """Random init, created directly in its shards."""
@@ -260,7 +294,13 @@ class Trainer:
 def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None = None,
           gin_config_text: str | None = None, log: Callable[[str], None] = print,
           ) -> TrainResult:
-  """Trains until config.train_steps (or SIGTERM); see the module docstring."""
+  """Trains until config.train_steps (or SIGTERM); see the module docstring.
+
+  Every check that can refuse the run comes before anything is written to MODEL_DIR: the
+  model config and vocabulary against MODEL_DIR's, its lease (one writer), the checkpoint
+  and its data position, INITIAL_CHECKPOINT_PATH. Only then are model_config.json, the
+  vocabulary and config.gin written (and a refused run leaves MODEL_DIR as it was).
+  """
   vocabulary = task_vocabulary(config.mixture_or_task_name)
   if vocabulary.vocab_size > model_config.vocab_size:
     raise ConfigError(f"task {config.mixture_or_task_name!r} has a vocabulary of "
@@ -270,19 +310,27 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   trainer = Trainer(model_config, config, mesh)
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
-  # a collective), before process 0 writes anything there.
+  # a collective), before anything is written there.
   model_dir_lib.check_compatible(config.model_dir, model_config)
-  if trainer.is_primary:
-    model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
-  else:
+  model_dir_lib.check_vocabulary(config.model_dir, vocabulary)
+  if not trainer.is_primary:
     log = _silent  # one progress line per job, from process 0
+
+  def prepare() -> None:  # once the run is sure to go on
+    if trainer.is_primary:
+      model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
+
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
-  with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm:
-    checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint)
-    try:
-      return loop_lib.run(trainer, checkpointer, sigterm, log)
-    finally:
-      checkpointer.close()
+  with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm, \
+      lease_lib.hold(config.model_dir, timeout_s=config.lease_timeout_s) as lease:
+    if lease is not None and lease.taken_over:
+      log(f"t5lite: took over the lease of MODEL_DIR from a stale run ({lease.taken_over})")
+    checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint, lease=lease)
+    with integrity.orbax_messages_to_log(config.model_dir):
+      try:
+        return loop_lib.run(trainer, checkpointer, sigterm, log, prepare=prepare)
+      finally:
+        checkpointer.close()
 
 
 def _silent(_: str) -> None:

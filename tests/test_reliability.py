@@ -1,0 +1,611 @@
+"""Faults a training run meets in the wild, end to end: SIGKILLs at random points (startup,
+mid-save, right after a commit, retention cleanup), every kind of file of a checkpoint step
+damaged three ways, two trainers on one MODEL_DIR, a full disk, a read-only MODEL_DIR.
+
+One tiny reference run (this module's RUN_GIN, checkpoints every PERIOD steps, KEEP kept) is
+shared by every test; what a faulty run ends with is compared with it bitwise. Runs that must be
+separate processes (kills, two writers) are `python -m t5lite.cli train` subprocesses, the
+others go through cli.main in this process. Mounts (tmpfs, read-only bind) need root or
+CAP_SYS_ADMIN; without them the disk-full and read-only tests inject the same errors instead.
+docs/reliability.md says what each outcome promises.
+"""
+import collections
+import errno
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records,
+                     tree_digest)
+from t5lite import cli, gin_config
+from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime import integrity
+from t5lite.runtime import lease as lease_lib
+from t5lite.runtime.checkpoints import CheckpointConfig, CorruptCheckpointError
+
+pytestmark = pytest.mark.slow
+
+STEPS, PERIOD, KEEP = 20, 2, 2
+NEWEST, PREVIOUS = STEPS, STEPS - PERIOD  # the steps a finished run keeps
+RUN_GIN = f"""
+include 'runs/pretrain.gin'
+include 'models/tiny.gin'
+ModelConfig.vocab_size = 384
+ModelConfig.dropout_rate = 0.1
+MIXTURE_OR_TASK_MODULE = 'train_tasks'
+MIXTURE_OR_TASK_NAME = 'train_test_sc'
+TASK_FEATURE_LENGTHS = {{'inputs': 64, 'targets': 16}}
+BATCH_SIZE = 8
+TRAIN_STEPS = {STEPS}
+EVAL_PERIOD = 0
+TrainConfig.log_period = 1
+CheckpointConfig.period = {PERIOD}
+CheckpointConfig.keep = {KEEP}
+ScheduleConfig.warmup_steps = 10
+ScheduleConfig.value = 0.1
+"""
+TMP_MARK = "orbax-checkpoint-tmp"  # orbax writes a step into <step>.orbax-checkpoint-tmp*
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def train_argv(gin_file, model_dir, *more):
+  return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
+
+
+def spawn(gin_file, model_dir, log_path, *more):
+  """`python -m t5lite.cli train` with stdout and stderr in log_path."""
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"),
+                                                      os.environ.get("PYTHONPATH", "")])}
+  with open(log_path, "w") as log:
+    return subprocess.Popen([sys.executable, "-m", "t5lite.cli",
+                             *train_argv(gin_file, model_dir, *more)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def listing(folder) -> list[str]:
+  try:
+    return os.listdir(folder)
+  except FileNotFoundError:
+    return []
+
+
+def committed(names) -> list[int]:
+  return sorted(int(n) for n in names if n.isdigit())
+
+
+def tmp_folders(folder) -> set[tuple[str, int]]:
+  """(name, inode) of the saves in flight: a restart re-creates a killed save's folder under
+  the same name, the inode tells them apart."""
+  found = set()
+  for name in listing(folder):
+    if TMP_MARK in name:
+      try:
+        found.add((name, os.stat(os.path.join(folder, name)).st_ino))
+      except FileNotFoundError:
+        pass  # committed (renamed) or removed meanwhile
+  return found
+
+
+def logged_steps(text: str) -> list[int]:
+  """The steps of the progress lines ('step 12/30  loss ...') in a run's output."""
+  return [int(s) for s in re.findall(r"^step (\d+)/", text, re.M)]
+
+
+def one_error_line(err: str, prog: str) -> str:
+  """The one `t5lite VERB: error:` line of a run that exited 2; no traceback."""
+  assert "Traceback" not in err, err
+  lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
+  assert len(lines) == 1, err
+  return lines[0]
+
+
+def console_noise(err: str) -> list[str]:
+  """stderr lines other than t5lite's own (orbax/absl logs, tracebacks)."""
+  return [line for line in err.splitlines() if line.strip() and not line.startswith("t5lite")
+          and not line.startswith(("step ", "W0000", "I0000"))]
+
+
+def mount(*args) -> str | None:
+  """Runs `mount ARGS`; None when it worked, else why not (for pytest.skip)."""
+  if shutil.which("mount") is None:
+    return "no mount command"
+  done = subprocess.run(["mount", *args], capture_output=True, text=True)
+  return None if done.returncode == 0 else (done.stderr.strip() or f"mount: exit "
+                                            f"{done.returncode}")
+
+
+def umount(path) -> None:
+  if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def assert_same_run_as(model_dir, reference, last_step=STEPS):
+  """Every step 1..last_step logged exactly once, with the reference's losses (bitwise)."""
+  rows = [r for r in metrics_records(model_dir) if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(1, last_step + 1))
+  expected = logged_losses(reference)
+  assert {r["step"]: r["loss"] for r in rows} == {s: expected[s] for s in range(1, last_step + 1)}
+
+
+# --- the reference run ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gin_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("gin") / "run.gin"
+  path.write_text(RUN_GIN)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(gin_file, tmp_path_factory):
+  """The uninterrupted run's MODEL_DIR."""
+  sys.path.insert(0, str(REPO / "tests"))  # MIXTURE_OR_TASK_MODULE = 'train_tasks'
+  model_dir = tmp_path_factory.mktemp("reference")
+  assert cli.main(train_argv(gin_file, model_dir)) == 0
+  assert committed(listing(model_dir / "checkpoints")) == [PREVIOUS, NEWEST]
+  return model_dir
+
+
+@pytest.fixture(scope="module")
+def saved(gin_file, reference):
+  """The run's abstract state and params, and what the reference's two steps hold."""
+  from t5lite.train.trainer import Trainer
+  gin_config.parse([gin_file], [f"MODEL_DIR='{reference}'"])
+  trainer = Trainer(gin_config.model_config(), gin_config.train_config())
+  checkpointer = ckpt_lib.Checkpointer(reference, read_only=True)
+  states = {step: checkpointer.restore(step, trainer.abstract_state)
+            for step in (PREVIOUS, NEWEST)}
+  checkpointer.close()
+  return trainer, states
+
+
+# --- 1. SIGKILL at random points ------------------------------------------------------------
+
+KILLS = 20
+# What each kill waits for: a random delay from the spawn ('startup': imports, restore, the
+# lease, compiling, the first steps on a fast machine), a save in flight ('save'), a step just
+# committed by orbax, whose seal and retention cleanup follow ('commit'), a random point in
+# the steps ('step'). Startup kills are cheap; the others cost a whole startup each.
+PLAN = ["startup"] * 13 + ["save"] * 3 + ["commit"] * 2 + ["step"] * 2
+MAX_STEPS_PER_ATTEMPT = 7  # a killed attempt trains this many steps at most
+
+
+def _kill_when(process, log_path, ckpts, mode, rng, limit):
+  """Waits for `mode`'s moment (or for the run to log step `limit`), SIGKILLs the process;
+  returns, as the kill went out, the checkpoints folder's names, the saves in flight and
+  whether the run had started training."""
+  deadline = time.monotonic() + 180
+  fire_at = time.monotonic() + rng.uniform(0.2, 6.0) if mode == "startup" else None
+  saves_wanted, saves_seen = rng.choice([1, 2]), set()
+  at_start = set(committed(listing(ckpts)))
+  while True:
+    if process.poll() is not None:
+      pytest.fail(f"the run ended by itself (exit {process.returncode}) before its "
+                  f"{mode!r} kill:\n{log_path.read_text()[-4000:]}")
+    assert time.monotonic() < deadline, f"no {mode!r} moment within 180 s"
+    names = listing(ckpts)
+    steps = logged_steps(log_path.read_text())
+    if steps and max(steps) >= limit:
+      break  # the moment did not come (a quick save, a fast machine): kill now
+    if mode == "startup":
+      if time.monotonic() >= fire_at:
+        break
+    elif steps:
+      if mode == "save":
+        saves_seen.update(n for n in names if TMP_MARK in n)
+        if len(saves_seen) >= saves_wanted:
+          time.sleep(rng.uniform(0, 0.05))
+          break
+      elif mode == "commit":
+        if set(committed(names)) - at_start:
+          break
+      elif mode == "step":
+        fire_at = fire_at or time.monotonic() + rng.uniform(0, 1.5)
+        if time.monotonic() >= fire_at:
+          break
+    time.sleep(0.002)
+  names, saving = listing(ckpts), tmp_folders(ckpts)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait() == -signal.SIGKILL
+  return names, saving, bool(steps)
+
+
+def _half_delete_the_oldest_step(ckpts, rng) -> bool:
+  """What a kill in the middle of orbax's retention cleanup (an rmtree of the oldest step)
+  leaves: a millisecond window that a poll cannot aim at, so made by hand."""
+  steps = committed(listing(ckpts))
+  if len(steps) < 2:
+    return False
+  oldest = ckpts / str(steps[0])
+  files = sorted(os.path.join(r, f) for r, _, names in os.walk(oldest) for f in names)
+  for path in rng.sample(files, len(files) // 2):
+    os.remove(path)
+  return True
+
+
+def test_twenty_sigkills_at_random_points_then_the_run_equals_the_uninterrupted_one(
+    gin_file, reference, tmp_path):
+  """20 SIGKILLs of `t5lite train` on one MODEL_DIR (KEEP=2, a save every 2 steps, so saves,
+  seals and retention deletions are always under way), each followed by a restart that
+  resumes from the newest committed step; the last run finishes. Params and metrics.jsonl
+  end as the uninterrupted run's, bitwise, each step logged once."""
+  rng = random.Random(20240611)
+  plan = list(PLAN)
+  rng.shuffle(plan)
+  plan.insert(1, plan.pop(plan.index("commit")))  # two steps committed early on
+  model_dir = tmp_path / "run"
+  ckpts = model_dir / "checkpoints"
+  landed = collections.Counter()
+  logs = []
+  for attempt, mode in enumerate(plan):
+    latest = (committed(listing(ckpts)) or [0])[-1]
+    if attempt >= 5 and not landed["oldest step half deleted"]:
+      landed["oldest step half deleted"] += _half_delete_the_oldest_step(ckpts, rng)
+    log_path = tmp_path / f"attempt{attempt:02d}.log"
+    logs.append(log_path)
+    left_over = tmp_folders(ckpts)  # a killed save's folder, removed as the restart starts
+    process = spawn(gin_file, model_dir, log_path)
+    limit = min(latest + MAX_STEPS_PER_ATTEMPT, STEPS - 1)  # the last step is the final run's
+    names, saving, trained = _kill_when(process, log_path, ckpts, mode, rng, limit)
+    landed[mode] += 1
+    newest = committed(names)[-1] if committed(names) else None
+    if saving and (trained or saving - left_over):  # (left-overs are gone once it trains)
+      landed["a save in flight"] += 1
+    if len(committed(names)) > KEEP:
+      landed["retention cleanup pending"] += 1
+    if newest and not integrity.is_sealed(str(ckpts / str(newest))):
+      landed["newest step committed, not sealed"] += 1
+    out = log_path.read_text()
+    resumed = re.findall(r"t5lite: resuming from step (\d+)", out)
+    if resumed:  # each restart resumes from the newest step committed when it started
+      assert int(resumed[0]) == latest, out
+    if logged_steps(out):
+      assert logged_steps(out)[0] == latest + 1, out
+  if not landed["oldest step half deleted"]:
+    landed["oldest step half deleted"] += _half_delete_the_oldest_step(ckpts, rng)
+  final_log = tmp_path / "final.log"
+  logs.append(final_log)
+  process = spawn(gin_file, model_dir, final_log)
+  assert process.wait(timeout=300) == 0, final_log.read_text()
+  summary = dict(landed)
+  print("where the kills landed:", summary)
+  assert KILLS >= 20 and sum(landed[m] for m in set(PLAN)) == KILLS, summary
+  assert landed["a save in flight"] >= 2, summary
+  assert landed["newest step committed, not sealed"] >= 1, summary
+  assert landed["oldest step half deleted"] == 1, summary
+  for log_path in logs:
+    text = log_path.read_text()
+    assert "Traceback" not in text and "t5lite: warning" not in text, text
+  assert not (model_dir / integrity.LOG_FILE).exists()  # no damage was ever found
+  # Nothing moved aside, no temporary folder left, the retention policy applied.
+  assert sorted(listing(ckpts)) == [str(PREVIOUS), str(NEWEST)], summary
+  assert not (model_dir / lease_lib.LEASE_FILE).exists()
+  _, params, step = checkpoint_params(model_dir)
+  _, expected, _ = checkpoint_params(reference)
+  assert step == STEPS
+  assert_trees_equal(params, expected)
+  assert_same_run_as(model_dir, reference)
+
+
+# --- 2. damage to every kind of file of a step ----------------------------------------------
+
+# Every file of a step folder (orbax 0.12, OCDBT) is one of these; '*' stands for a hash name
+# (the largest such file is damaged).
+FILE_KINDS = [
+    "_CHECKPOINT_METADATA", "commit_success.txt", "t5lite_checksums.json",
+    "data/metadata", "data/commit_success.txt",
+    "state/_METADATA", "state/_sharding", "state/manifest.ocdbt", "state/commit_success.txt",
+    "state/array_metadatas/*", "state/d/*",
+    "state/ocdbt.process_0/manifest.ocdbt", "state/ocdbt.process_0/d/*",
+]
+DAMAGES = ["flip", "truncate", "delete"]
+
+
+def _kind(rel: str) -> str:
+  folder = rel.rpartition("/")[0]
+  return f"{folder}/*" if folder.endswith(("/d", "/array_metadatas")) else rel
+
+
+def _file_of_kind(step_dir, kind) -> str:
+  files = [os.path.relpath(os.path.join(r, f), step_dir)
+           for r, _, names in os.walk(step_dir) for f in names]
+  matching = [rel for rel in files if _kind(rel) == kind]
+  assert matching, f"no {kind} in {step_dir}: {sorted(files)}"
+  return max(matching, key=lambda rel: (os.path.getsize(os.path.join(step_dir, rel)), rel))
+
+
+def damage(path, how) -> None:
+  if how == "flip":  # one bit, mid-file
+    with open(path, "r+b") as f:
+      data = bytearray(f.read())
+      data[len(data) // 2] ^= 0x10
+      f.seek(0)
+      f.write(data)
+  elif how == "truncate":
+    os.truncate(path, os.path.getsize(path) // 2)
+  else:
+    os.remove(path)
+
+
+def test_the_damage_matrix_covers_every_file_of_a_step(reference):
+  step_dir = reference / "checkpoints" / str(NEWEST)
+  kinds = {_kind(os.path.relpath(os.path.join(r, f), step_dir))
+           for r, _, names in os.walk(step_dir) for f in names}
+  assert kinds == set(FILE_KINDS)
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_damage_is_detected_and_moved_aside_or_harmless(kind, how, reference, saved, tmp_path,
+                                                        capfd):
+  """A damaged file of the newest step: restore_params (eval, infer, export) refuses naming
+  the step and moves nothing, and resuming falls back to the previous step, moving the damaged
+  one to <step>.corrupt-1 with one warning line; or both read the undamaged values. Never
+  other values."""
+  trainer, states = saved
+  copy = tmp_path / "run"
+  shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("tensorboard"))
+  step_dir = copy / "checkpoints" / str(NEWEST)
+  rel = _file_of_kind(step_dir, kind)
+  damage(step_dir / rel, how)
+  before = tree_digest(copy / "checkpoints")
+  capfd.readouterr()
+
+  try:  # the read-only path
+    params, step = ckpt_lib.restore_params(copy, trainer.abstract_params)
+    refused = None
+  except CorruptCheckpointError as e:
+    refused = str(e)
+  err = capfd.readouterr().err
+  assert "Traceback" not in err
+  assert tree_digest(copy / "checkpoints") == before  # a read never moves or writes
+  if refused:
+    assert f"checkpoint step {NEWEST}" in refused
+  else:
+    assert step == NEWEST
+    assert_trees_equal(params, states[NEWEST][0].params)
+
+  checkpointer = ckpt_lib.Checkpointer(copy, CheckpointConfig(period=PERIOD, keep=KEEP))
+  state, data_state, step = checkpointer.restore_latest(trainer.abstract_state)
+  checkpointer.close()
+  err = capfd.readouterr().err
+  warnings = [line for line in err.splitlines() if line.startswith("t5lite: warning:")]
+  assert "Traceback" not in err
+  assert step in (PREVIOUS, NEWEST)
+  assert_trees_equal(state, states[step][0])  # whichever step: its exact values
+  assert data_state == states[step][1]
+  if step == NEWEST:  # harmless: the undamaged values, nothing moved
+    assert refused is None
+    assert sorted(listing(copy / "checkpoints")) == [str(PREVIOUS), str(NEWEST)]
+    assert integrity.verify(str(step_dir), NEWEST)  # (re)sealed once read whole
+    assert not any("moved to" in w for w in warnings), err
+  else:  # detected: one line naming the step, moved aside, the previous step restored
+    assert refused is not None  # both paths see the same damage
+    assert len(warnings) == 1, err
+    assert warnings[0].startswith(f"t5lite: warning: checkpoint step {NEWEST}")
+    assert (f"moved to checkpoints/{NEWEST}.corrupt-1, falling back to step {PREVIOUS}"
+            in warnings[0])
+    assert sorted(listing(copy / "checkpoints")) == [str(PREVIOUS), f"{NEWEST}.corrupt-1"]
+    assert f"checkpoint step {NEWEST}" in (copy / integrity.LOG_FILE).read_text()
+
+
+def test_a_damaged_checkpoint_metadata_file_adds_nothing_to_the_console(reference, saved,
+                                                                        tmp_path, capfd):
+  """The damage matrix checks the one t5lite warning line; here, that nothing else reaches the
+  console either (orbax's own error logs belong in t5lite.log)."""
+  trainer, _ = saved
+  copy = tmp_path / "run"
+  shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("tensorboard"))
+  damage(copy / "checkpoints" / str(NEWEST) / "_CHECKPOINT_METADATA", "truncate")
+  capfd.readouterr()
+  with pytest.raises(CorruptCheckpointError):
+    ckpt_lib.restore_params(copy, trainer.abstract_params)
+  checkpointer = ckpt_lib.Checkpointer(copy)
+  assert checkpointer.restore_latest(trainer.abstract_state)[2] == PREVIOUS
+  checkpointer.close()
+  err = capfd.readouterr().err
+  assert len([line for line in err.splitlines() if line.startswith("t5lite: warning")]) == 1
+  assert not console_noise(err), err  # orbax's own error about the file stays off the console
+
+
+def test_cli_resume_from_a_damaged_step_falls_back_and_repairs_bitwise(gin_file, reference,
+                                                                        tmp_path, capfd):
+  copy = tmp_path / "run"
+  shutil.copytree(reference, copy)
+  damage(copy / "checkpoints" / str(NEWEST) / "state" / "_sharding", "truncate")
+  capfd.readouterr()
+  assert cli.main(train_argv(gin_file, copy)) == 0
+  out, err = capfd.readouterr()
+  warnings = [line for line in err.splitlines() if line.startswith("t5lite: warning:")]
+  assert len(warnings) == 1 and "state/_sharding" in warnings[0], err
+  assert f"resuming from step {PREVIOUS}" in out
+  assert sorted(listing(copy / "checkpoints")) == [str(PREVIOUS), str(NEWEST),
+                                                   f"{NEWEST}.corrupt-1"]
+  _, params, step = checkpoint_params(copy)
+  _, expected, _ = checkpoint_params(reference)
+  assert step == NEWEST
+  assert_trees_equal(params, expected)
+  assert_same_run_as(copy, reference)
+
+
+def test_cli_export_of_a_damaged_step_exits_2_in_one_line(reference, tmp_path, capfd):
+  copy = tmp_path / "run"
+  shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("tensorboard"))
+  damage(copy / "checkpoints" / str(NEWEST) / "state" / "ocdbt.process_0" / "manifest.ocdbt",
+         "delete")
+  before = tree_digest(copy)
+  capfd.readouterr()
+  assert cli.main(["export", "hf", "--checkpoint", str(copy), "--out",
+                   str(tmp_path / "hf")]) == 2
+  line = one_error_line(capfd.readouterr().err, "t5lite export")
+  assert f"checkpoint step {NEWEST}: state/ocdbt.process_0/manifest.ocdbt" in line
+  assert line.endswith("is missing")
+  assert tree_digest(copy) == before
+  assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def test_cli_on_corrupt_stop_exits_2_and_changes_nothing(gin_file, reference, tmp_path, capfd):
+  copy = tmp_path / "run"
+  shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("tensorboard"))
+  damage(copy / "checkpoints" / str(NEWEST) / "data" / "metadata", "flip")
+  before = tree_digest(copy)
+  capfd.readouterr()
+  assert cli.main(train_argv(gin_file, copy, "--gin.TRAIN_STEPS=40",
+                             "--gin.CheckpointConfig.on_corrupt='stop'")) == 2
+  line = one_error_line(capfd.readouterr().err, "t5lite train")
+  assert f"checkpoint step {NEWEST}: data/metadata (the data iterator state)" in line
+  assert "on_corrupt='stop'" in line
+  # Details in t5lite.log are the one thing written; nothing else changed or moved.
+  assert {k: v for k, v in tree_digest(copy).items() if k != integrity.LOG_FILE} == before
+
+
+# --- 3. two writers -------------------------------------------------------------------------
+
+def test_two_trainers_started_together_one_runs_the_other_exits_2_naming_it(gin_file,
+                                                                             reference,
+                                                                             tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()  # exists already: two runs creating a missing one can race on its mkdir
+  logs = [tmp_path / "a.log", tmp_path / "b.log"]
+  processes = [spawn(gin_file, model_dir, log, "--gin.TRAIN_STEPS=2") for log in logs]
+  deadline = time.monotonic() + 300
+  while all(p.poll() is None for p in processes):
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  loser = next(i for i, p in enumerate(processes) if p.poll() is not None)
+  winner = 1 - loser
+  still_running = processes[winner].poll() is None  # the loser did not wait for the lease
+  assert processes[loser].returncode == 2, logs[loser].read_text()
+  assert processes[winner].wait(timeout=300) == 0, logs[winner].read_text()
+  assert still_running
+  line = one_error_line(logs[loser].read_text(), "t5lite train")
+  assert (f"MODEL_DIR {model_dir} is in use by another trainer (host {socket.gethostname()}, "
+          f"pid {processes[winner].pid}, heartbeat") in line
+  assert_same_run_as(model_dir, reference, last_step=2)
+  assert not (model_dir / lease_lib.LEASE_FILE).exists()
+
+
+# --- 4. disk full ---------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path, monkeypatch):
+  """(folder, how): a 6 MiB tmpfs (two checkpoints of the tiny run fit, not three) or, where
+  mounting is not allowed, a folder whose third checkpoint save fails the way orbax's does
+  when the disk is full (TensorStore's ValueError), in this process."""
+  folder = tmp_path / "disk"
+  folder.mkdir()
+  why_not = mount("-t", "tmpfs", "-o", "size=6m", "tmpfs", str(folder))
+  if why_not is None:
+    yield folder, "tmpfs"
+    umount(folder)
+    return
+  real_save = ckpt_lib.ocp.CheckpointManager.save
+
+  def save(self, step, *args, **kwargs):
+    if step >= 3 * PERIOD and os.environ.get("T5LITE_TEST_DISK_FULL"):
+      raise ValueError(f'RESOURCE_EXHAUSTED: Error writing in OCDBT database: Failed writing: '
+                       f'"{self.directory}/{step}.{TMP_MARK}/state/d/x": No space left on '
+                       "device [os_error_code='28']")
+    return real_save(self, step, *args, **kwargs)
+  monkeypatch.setattr(ckpt_lib.ocp.CheckpointManager, "save", save)
+  monkeypatch.setenv("T5LITE_TEST_DISK_FULL", "1")
+  yield folder, f"injected ({why_not})"
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(gin_file, reference, saved,
+                                                                   small_disk, tmp_path, capfd,
+                                                                   monkeypatch):
+  folder, how = small_disk
+  model_dir = folder / "run"
+  if how == "tmpfs":  # a subprocess: orbax's failed background save stays out of pytest
+    log = tmp_path / "full.log"
+    code = spawn(gin_file, model_dir, log, "--gin.TRAIN_STEPS=12").wait(timeout=300)
+    err = log.read_text()
+  else:
+    capfd.readouterr()
+    try:
+      code = cli.main(train_argv(gin_file, model_dir, "--gin.TRAIN_STEPS=12"))
+    except ValueError as e:
+      code = f"an uncaught {type(e).__name__}"
+    err = capfd.readouterr().err
+  steps = committed(listing(model_dir / "checkpoints"))
+  assert steps and steps[-1] < 12, (how, code, err[-3000:])  # it did stop early
+  # Space freed: the newest committed step is whole and verified; a rerun resumes from it.
+  if how == "tmpfs":
+    assert mount("-o", "remount,size=256m", str(folder)) is None
+  else:
+    monkeypatch.delenv("T5LITE_TEST_DISK_FULL")
+  assert integrity.verify(str(model_dir / "checkpoints" / str(steps[-1])), steps[-1])
+  trainer, _ = saved
+  checkpointer = ckpt_lib.Checkpointer(model_dir)
+  assert checkpointer.restore_latest(trainer.abstract_state)[2] == steps[-1]
+  checkpointer.close()
+  assert not (model_dir / lease_lib.LEASE_FILE).exists()  # released on the way out
+  capfd.readouterr()
+  assert cli.main(train_argv(gin_file, model_dir, "--gin.TRAIN_STEPS=12")) == 0
+  assert f"resuming from step {steps[-1]}" in capfd.readouterr().out
+  assert_same_run_as(model_dir, reference, last_step=12)  # resumed exactly
+  # The promise: exit 2, one line naming the path and the OS's words.
+  assert code == 2 and "Traceback" not in err, (code, err[-3000:])
+  line = one_error_line(err, "t5lite train")
+  assert "No space left on device" in line and str(model_dir) in line, line
+
+
+# --- 5. read-only MODEL_DIR -----------------------------------------------------------------
+
+@pytest.fixture
+def read_only_copy(reference, tmp_path, monkeypatch):
+  """(path, how): the finished reference run behind a read-only bind mount or, where mounting
+  is not allowed, a copy whose lease cannot be written (as on a read-only filesystem)."""
+  source, target = tmp_path / "source", tmp_path / "ro"
+  shutil.copytree(reference, source, ignore=shutil.ignore_patterns("tensorboard"))
+  target.mkdir()
+  why_not = mount("--bind", str(source), str(target))
+  if why_not is None:
+    why_not = mount("-o", "remount,ro,bind", str(target))
+    if why_not is None:
+      yield target, "read-only bind mount"
+      umount(target)
+      return
+    umount(target)
+
+  def write(self):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), f"{self.path}.{self.token}.tmp")
+  monkeypatch.setattr(lease_lib.Lease, "_write", write)
+  yield source, f"injected ({why_not})"
+
+
+def test_a_read_only_model_dir_refuses_training_and_still_serves_reads(gin_file, reference,
+                                                                       saved, read_only_copy,
+                                                                       tmp_path, capfd):
+  path, how = read_only_copy
+  before = tree_digest(path)
+  capfd.readouterr()
+  assert cli.main(train_argv(gin_file, path)) == 2, how  # finished: it would write nothing
+  assert cli.main(train_argv(gin_file, path, "--gin.TRAIN_STEPS=40")) == 2, how
+  err = capfd.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("t5lite train: error: ")]
+  assert len(lines) == 2 and "Traceback" not in err, err
+  assert all(f"MODEL_DIR {path} is not writable (Read-only file system" in line
+             for line in lines)
+  assert tree_digest(path) == before
+  trainer, states = saved
+  params, step = ckpt_lib.restore_params(path, trainer.abstract_params)
+  assert step == NEWEST
+  assert_trees_equal(params, states[NEWEST][0].params)
+  capfd.readouterr()
+  assert cli.main(["export", "hf", "--checkpoint", str(path), "--out",
+                   str(tmp_path / "hf")]) == 0
+  assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["step"] == NEWEST
+  assert (tmp_path / "hf" / "model.safetensors").exists()
