@@ -13,6 +13,7 @@ permission, a full or read-only disk, a file where a folder should be), told in 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -36,9 +37,14 @@ PLAIN_VERBS = {
                "t5lite.launch.cli"),
 }
 # Setup mistakes: one line on stderr and exit 2. Anything else is a bug: traceback, exit 1.
-# OSError covers the environment too: a file where a folder should be (NotADirectoryError),
-# a folder where a file should be, no permission, a read-only or full disk.
-USER_ERRORS = (ConfigError, OSError)
+# The environment's OSErrors count too (a missing path, a file where a folder should be, a
+# folder where a file should be, no permission, a read-only or full disk); other OSErrors
+# (a broken pipe, a connection or a timeout in t5lite's own code) keep their traceback.
+PATH_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, PermissionError)
+USER_ERRORS = (*PATH_ERRORS, OSError)  # a plain OSError only with ENVIRONMENT_ERRNOS
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES,
+                                errno.EPERM, errno.ENAMETOOLONG, errno.ELOOP, errno.EIO})
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
   --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
@@ -267,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
     raise AssertionError(f"unhandled verb {args.verb}")
   except USER_ERRORS as e:  # a setup mistake: its message alone; a bug keeps its traceback
+    if not isinstance(e, PATH_ERRORS) and e.errno not in ENVIRONMENT_ERRNOS:
+      raise
     print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)
     return 2
 

@@ -45,6 +45,7 @@ if "integrity_copy_other_vocab" not in TaskRegistry.names():
 
 
 def saved(tmp_path, steps=(1, 2), **config) -> ckpt_lib.Checkpointer:
+  """Checkpoints of STATE (times the step) at `steps`, and a Checkpointer over them."""
   checkpointer = ckpt_lib.Checkpointer(tmp_path, CheckpointConfig(**config))
   for step in steps:
     checkpointer.save(step, jax.tree.map(lambda x: x * step, STATE), {"position": step})
@@ -131,6 +132,18 @@ def test_on_corrupt_stop_moves_nothing(tmp_path):
   assert tree_digest(tmp_path / "checkpoints") == before
 
 
+def test_a_state_of_another_structure_is_a_config_error_and_moves_nothing(tmp_path):
+  """E.g. a resume with another optimizer: not damage, so no step is moved aside."""
+  checkpointer = saved(tmp_path)
+  before = tree_digest(tmp_path / "checkpoints")
+  other = jax.eval_shape(lambda: {**STATE, "momentum": jnp.zeros(7)})
+  with pytest.raises(ConfigError, match=r"step 2 .* another structure \(2 arrays\) than this "
+                     r"run's \(3\)") as error:
+    checkpointer.restore_latest(other)
+  assert not isinstance(error.value, CorruptCheckpointError)
+  assert tree_digest(tmp_path / "checkpoints") == before
+
+
 def test_a_step_killed_before_its_seal_is_trusted_on_its_first_whole_read(tmp_path):
   checkpointer = saved(tmp_path)
   os.remove(os.path.join(checkpointer.step_dir(2), integrity.CHECKSUMS_FILE))
@@ -140,7 +153,6 @@ def test_a_step_killed_before_its_seal_is_trusted_on_its_first_whole_read(tmp_pa
 
 def test_restore_params_verifies_checksums_and_finiteness(tmp_path):
   """eval, infer, export and INITIAL_CHECKPOINT_PATH read params through restore_params."""
-  checkpointer = saved(tmp_path, steps=(1,))
   abstract = {"params": jax.eval_shape(lambda: STATE)}
   state = {"params": STATE}
   plain = ckpt_lib.Checkpointer(tmp_path / "p", CheckpointConfig(async_save=False))
@@ -159,7 +171,6 @@ def test_restore_params_verifies_checksums_and_finiteness(tmp_path):
   nan.close()
   with pytest.raises(CorruptCheckpointError, match=r"\['w'\] holds non-finite values"):
     ckpt_lib.restore_params(tmp_path / "n", abstract["params"])
-  del checkpointer
 
 
 # --- the lease -------------------------------------------------------------------------------
@@ -203,12 +214,18 @@ def test_a_holder_whose_lease_was_taken_over_stops_writing(tmp_path):
   usurper = {"host": "elsewhere", "pid": 1, "token": "z", "heartbeat": time.time()}
   (tmp_path / lease_lib.LEASE_FILE).write_text(json.dumps(usurper))
   deadline = time.time() + 5
-  while holder.lost is None and time.time() < deadline:
+  while holder.lost is None and time.time() < deadline:  # the heartbeat notices
     time.sleep(0.02)
-  with pytest.raises(ConfigError, match="another trainer took over its lease.*host elsewhere"):
-    holder.check()
+  assert "another trainer took over its lease (host elsewhere" in holder.lost
   holder.release()
   assert json.loads((tmp_path / lease_lib.LEASE_FILE).read_text())["token"] == "z"
+  # A run stalled between beats: check() (before every save) reads the file itself.
+  stalled = lease_lib.Lease(str(tmp_path / "b"), timeout_s=1e6, settle_s=0)
+  stalled.acquire()
+  assert stalled.check() is None
+  (tmp_path / "b" / lease_lib.LEASE_FILE).write_text(json.dumps(usurper))
+  assert "another trainer took over its lease" in stalled.check()
+  stalled.release()
 
 
 def test_an_unwritable_model_dir_is_named(tmp_path, monkeypatch):

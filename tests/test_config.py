@@ -27,6 +27,10 @@ def test_geglu_alias_and_json_round_trip():
     (dict(position_encoding="rope", d_kv=7), "even d_kv"),
     (dict(dropout_rate=1.0), "dropout_rate"),
     (dict(architecture="encoder_only", num_encoder_layers=0), "num_encoder_layers"),
+    # T5's log-spaced buckets divide by what is left: 1 bucket crashed with ZeroDivisionError.
+    (dict(relative_attention_num_buckets=1), "relative_attention_num_buckets=1 must be >= 4"),
+    (dict(relative_attention_num_buckets=8, relative_attention_max_distance=4),
+     "relative_attention_max_distance=4 > num_buckets // 2"),
 ])
 def test_invalid_values_name_the_field(changes, message):
   with pytest.raises(ValueError, match=message):

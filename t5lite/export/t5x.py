@@ -28,7 +28,6 @@ dtype are checked against the inferred config before its data is read.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import os
 import re
@@ -40,8 +39,8 @@ from flax import traverse_util
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.export import limits
-from t5lite.export.t5x_files import (MAX_JSON_BYTES, T5XCheckpointError, find_checkpoint,
-                                     read_target)
+from t5lite.export.t5x_files import T5XCheckpointError, find_checkpoint, read_target
+from t5lite.export.t5x_gin import gin_bindings, read_gin
 from t5lite.models.config import ACTIVATIONS, ACTIVATION_ALIASES, ModelConfig
 from t5lite.models.params import abstract_params, scan_params
 from t5lite.models.transformer import CROSS_ATTENTION
@@ -55,54 +54,6 @@ ATTENTIONS = ("attention", "self_attention", CROSS_ATTENTION)  # T5X's names are
 SCAN_NAMES = ("layers", "encoder")
 # scalable_t5's per-layer relative position table, in the versions of its network.py.
 RELPOS_NAMES = ("relpos_bias", "relative_posemb")
-
-
-# --- config.gin: a few T5X bindings, no gin import ---------------------------------------------
-
-def gin_bindings(text: str, configurable: str) -> dict[str, Any]:
-  """Values bound to `configurable` (matched on its last name, e.g. 'T5Config') in a gin file:
-  `a.T5Config.x = v` lines and `a.T5Config:` blocks; %MACROs resolved; literals only."""
-  lines, pending = [], ""
-  for raw in text.splitlines():
-    line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
-    pending = f"{pending} {line.strip()}" if pending else line
-    if pending and sum(pending.count(c) for c in "([{") <= sum(pending.count(c) for c in ")]}"):
-      lines.append(pending)
-      pending = ""
-  macros, found, block = {}, {}, False
-  pattern = rf"(?:[\w.]+\.)?{re.escape(configurable)}"
-  for line in lines:
-    if m := re.fullmatch(rf"{pattern}:", line):
-      block = True
-      continue
-    block = block and line[:1].isspace()
-    if block and (m := re.fullmatch(r"\s+(\w+)\s*=\s*(.+)", line)):
-      found[m[1]] = m[2]
-    elif m := re.fullmatch(rf"{pattern}\.(\w+)\s*=\s*(.+)", line):
-      found[m[1]] = m[2]
-    elif m := re.fullmatch(r"([A-Z_][A-Z0-9_]*)\s*=\s*(.+)", line):
-      macros[m[1]] = m[2]
-  return {k: _gin_value(v, macros) for k, v in found.items()}
-
-
-def _gin_value(text: str, macros: dict[str, str], depth: int = 0):
-  text = text.strip()
-  if text.startswith("%") and text[1:] in macros and depth < 8:
-    return _gin_value(macros[text[1:]], macros, depth + 1)
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text  # a reference (@x, %x) we do not follow
-
-
-def _read_gin(ckpt_dir: str) -> tuple[str | None, str]:
-  """config.gin of the T5X model dir (beside checkpoint_N), or of the step folder."""
-  for folder in (os.path.dirname(ckpt_dir), ckpt_dir):
-    path = os.path.join(folder, "config.gin")
-    if os.path.isfile(path) and os.path.getsize(path) < MAX_JSON_BYTES:
-      with open(path, encoding="utf-8", errors="replace") as f:
-        return path, f.read()
-  return None, ""
 
 
 # --- config inference ---------------------------------------------------------------------------
@@ -366,7 +317,7 @@ def _load(path: str, step: int | None, hints: dict[str, Any], note=_note,
     raise ConfigError(f"unknown ModelConfig fields {unknown}")
   ckpt_dir, step = find_checkpoint(path, step)
   target, recorded_step = read_target(ckpt_dir, max_params)
-  gin_path, gin_text = _read_gin(ckpt_dir)
+  gin_path, gin_text = read_gin(ckpt_dir)
   config, layout = infer_config(target, gin_bindings(gin_text, "T5Config"), hints, note)
   params = assemble(target, config, layout, os.path.basename(ckpt_dir))
   step = step if step is not None else (recorded_step or 0)

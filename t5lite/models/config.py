@@ -101,6 +101,12 @@ class ModelConfig:
       raise ConfigError(f"{self.architecture} needs num_decoder_layers >= 1")
     if self.prefix_lm and self.architecture != "decoder_only":
       raise ConfigError("ModelConfig.prefix_lm applies to architecture='decoder_only' only")
+    buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+    if self.position_encoding == "relative_bias" and (buckets < 4 or distance <= buckets // 2):
+      # T5's bucketing halves the buckets per direction, then keeps half of those exact and
+      # spreads the rest logarithmically up to max_distance: fewer leaves nothing to divide.
+      raise ConfigError(f"ModelConfig.relative_attention_num_buckets={buckets} must be >= 4 and "
+                        f"relative_attention_max_distance={distance} > num_buckets // 2")
     if self.position_encoding == "rope" and self.d_kv % 2:
       raise ConfigError(f"rope needs an even d_kv, got {self.d_kv}")
     if not 0.0 <= self.dropout_rate < 1.0:

@@ -144,6 +144,7 @@ class Checkpointer:
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_names=("state", "data"))
     self._in_flight: int | None = None  # the step being saved in the background
+    self._seal_error: OSError | None = None  # from seal_committed, raised at the next wait
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(int(step)))
@@ -162,8 +163,10 @@ class Checkpointer:
     otherwise). Waits first for a previous save still in flight, and seals it. `metrics`
     (holding best_metric, when one is configured) rank the checkpoint for keeping the best."""
     self.wait()
-    if self.lease is not None:
-      self.lease.check()
+    lost = self.lease.check() if self.lease is not None else None  # process 0 holds it
+    if any(all_flags(lost is not None)):
+      raise ConfigError(lost or "process 0 lost MODEL_DIR's lease (its output says why); "
+                        "this run stops without writing another checkpoint")
     if step in self._manager.all_steps():
       return  # already saved (e.g. the last periodic save was the final step)
     best = self.config.best_metric
@@ -209,12 +212,31 @@ class Checkpointer:
 
   def _seal_committed(self) -> None:
     """Seals the steps this run saved that orbax has committed since (process 0 writes;
-    a step that retention already removed is skipped)."""
-    for step in self._unsealed:
-      step_dir = self.step_dir(step)
-      if self.is_primary and os.path.isdir(step_dir) and not integrity.is_sealed(step_dir):
-        integrity.seal(step_dir)
-    self._unsealed = []
+    a step that retention already removed is skipped). A seal that failed (a full disk)
+    stops every process here, together: wait() is called by all of them alike."""
+    error, self._seal_error = self._seal_error or self._seal_local(), None
+    if jax.process_count() > 1 and any(all_flags(error is not None)) and error is None:
+      raise ConfigError("process 0 could not seal a checkpoint (its output says why)")
+    if error is not None:
+      raise error
+
+  def _seal_local(self) -> OSError | None:
+    steps, self._unsealed = self._unsealed, []
+    try:
+      for step in steps:
+        step_dir = self.step_dir(step)
+        if self.is_primary and os.path.isdir(step_dir) and not integrity.is_sealed(step_dir):
+          integrity.seal(step_dir)
+    except OSError as e:
+      return e
+    return None
+
+  def seal_committed(self) -> None:
+    """Seals what orbax has committed by now, without waiting for a save in flight and with
+    no collective: the loop calls it after every step, so a step is sealed soon after its
+    commit rather than at the next save. An error waits for the next wait()."""
+    if self._unsealed and not self._manager.is_saving_in_progress():
+      self._seal_error = self._seal_error or self._seal_local()
 
   def best(self) -> tuple[int, float] | None:
     """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from
@@ -268,9 +290,30 @@ class Checkpointer:
       try:
         if self.is_primary:
           sealed = integrity.verify(self.step_dir(step), step)
+        self._check_structure(step, abstract_state)
         return self._read(step, abstract_state), sealed, None
       except CorruptCheckpointError as e:
         return None, sealed, e
+
+  def _check_structure(self, step: int, abstract_state: Tree) -> None:
+    """A state of another structure (e.g. another optimizer) is this run's mismatch, not
+    damage: ConfigError, nothing moved. Compared as the multiset of array shapes (orbax's
+    tree metadata names nodes its own way); unreadable metadata is damage."""
+    try:
+      with _quiet_orbax(logging.CRITICAL):
+        saved = ocp.PyTreeCheckpointer().metadata(
+            os.path.join(self.step_dir(step), "state")).item_metadata.tree
+    except Exception as e:  # a damaged _METADATA: orbax raises many kinds
+      raise CorruptCheckpointError(f"checkpoint step {step}: its array metadata cannot be "
+                                   f"read: {integrity.first_line(e)}") from e
+    theirs = sorted(tuple(m.shape) for m in jax.tree.leaves(saved))
+    ours = sorted(tuple(x.shape) for x in jax.tree.leaves(abstract_state))
+    if theirs != ours:
+      raise ConfigError(
+          f"checkpoint step {step} in {self.directory} holds a training state of another "
+          f"structure ({len(theirs)} arrays) than this run's ({len(ours)}): another "
+          "optimizer or OptimizerConfig? Resume with the settings the run was started with "
+          "(MODEL_DIR/config.gin), or use a new MODEL_DIR")
 
   def restore_latest(self, abstract_state: Tree) -> tuple[Tree, dict, int] | None:
     """The newest intact checkpoint as (state, data_state, step), or None when there is

@@ -1,7 +1,7 @@
 """Checksums of checkpoint steps, moving damaged steps aside, and the MODEL_DIR's log file.
 
 A committed checkpoint step (MODEL_DIR/checkpoints/<step>/) is sealed once orbax has
-committed it: every file in it (the arrays' data files, orbax's metadata, the data iterator
+committed it (the training loop looks after every step): every file in it (the arrays' data files, orbax's metadata, the data iterator
 state) is read back and its CRC32C (google-crc32c) written to `t5lite_checksums.json` in the
 step folder, with its size. Every restore verifies the step against that list first, so a
 flipped bit, a truncated or a deleted file is found before any array is read, and named:
@@ -34,6 +34,7 @@ import traceback
 
 import google_crc32c
 
+from t5lite.data import atomic
 from t5lite.errors import ConfigError
 
 CHECKSUMS_FILE = "t5lite_checksums.json"
@@ -61,7 +62,8 @@ def _files(step_dir: str) -> list[str]:
   for root, _, names in os.walk(step_dir):
     for name in names:
       rel = os.path.relpath(os.path.join(root, name), step_dir).replace(os.sep, "/")
-      if rel != CHECKSUMS_FILE and not rel.endswith(".tmp"):
+      if rel != CHECKSUMS_FILE and not rel.endswith(".tmp") and not name.startswith(
+          f".{CHECKSUMS_FILE}."):  # a temporary of a seal cut short
         found.append(rel)
   return sorted(found)
 
@@ -77,13 +79,10 @@ def seal(step_dir: str) -> None:
            for rel in _files(step_dir)}
   path = os.path.join(step_dir, CHECKSUMS_FILE)
   try:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"algorithm": "crc32c", "files": files}, f, indent=1, sort_keys=True)
-      f.flush()
-      os.fsync(f.fileno())
+    atomic.write_file(path, json.dumps({"algorithm": "crc32c", "files": files}, indent=1,
+                                       sort_keys=True))
   except OSError as e:  # a write error names no file: say which (a full disk, most likely)
-    raise OSError(e.errno, e.strerror, path + ".tmp") from e
-  os.replace(path + ".tmp", path)
+    raise OSError(e.errno, e.strerror, path) from e
 
 
 def describe(rel: str) -> str:
@@ -141,6 +140,9 @@ def move_aside(step_dir: str) -> str:
 def log_details(model_dir: str, text: str) -> str | None:
   """Appends `text` (with a UTC timestamp) to MODEL_DIR/t5lite.log; returns the file's path,
   or None when it cannot be written (a read-only MODEL_DIR): the caller then says less."""
+  import jax
+  if jax.process_index() != 0:
+    return None  # one writer per MODEL_DIR file; other processes' output says the rest
   path = os.path.join(model_dir, LOG_FILE)
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
   try:
@@ -197,16 +199,17 @@ class _ListHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def orbax_messages_to_log(model_dir: str):
+def orbax_messages_to_log(model_dir: str, quiet_after: tuple[type, ...] = (OSError,)):
   """For a training run: what orbax logs (its background save threads log a failed write
   with a traceback per thread, dozens of lines) goes to MODEL_DIR/t5lite.log instead of the
   console, and so do the "Event loop is closed" tracebacks that TensorStore's callbacks print
   (one per pending write: hundreds) once a failed save has closed orbax's event loop. The run
   reports the failure itself, in one line (checkpoints.CheckpointWriteError).
 
-  After such an environmental failure (ConfigError, OSError) TensorStore's pending writes go
-  on reporting until the process exits, so the filter then stays and lets through only
-  t5lite's own lines (the CLI's error line). A bug's traceback is never filtered."""
+  After a failed write (`quiet_after`: OSError, and the caller's checkpoint write error)
+  TensorStore's pending writes go on reporting until the process exits, so the filter then
+  stays and lets through only t5lite's own lines (the CLI's error line). After anything
+  else everything is put back; a bug's traceback is never filtered."""
   loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
   divert = _OrbaxToLogFile(model_dir)
   loggers[0].addFilter(divert)
@@ -214,7 +217,7 @@ def orbax_messages_to_log(model_dir: str):
   filtered = sys.stderr = _StderrFilter(stderr)
   try:
     yield
-  except (ConfigError, OSError):
+  except quiet_after:
     filtered.only_own_lines = True
     divert.everything = True  # what orbax's threads and asyncio still log: off the console
     loggers[1].addFilter(divert)

@@ -62,11 +62,14 @@ def _alive(pid: int, started: str | None) -> bool:
 
 
 def read(model_dir: str) -> dict | None:
-  """The lease held on MODEL_DIR, or None. A torn or foreign file reads as no lease."""
+  """The lease held on MODEL_DIR, or None. A torn or foreign file reads as no lease; an
+  error other than a missing file (ESTALE on NFS, EIO) is raised: it says nothing."""
   try:
     with open(os.path.join(model_dir, LEASE_FILE), encoding="utf-8") as f:
       lease = json.load(f)
-  except (OSError, ValueError):
+  except FileNotFoundError:
+    return None
+  except ValueError:
     return None
   return lease if isinstance(lease, dict) and "token" in lease else None
 
@@ -150,31 +153,44 @@ class Lease:
       json.dump({**self.record, "heartbeat": time.time()}, f)
     os.replace(tmp, self.path)
 
+  def _still_ours(self) -> bool:
+    """Whether the lease file still holds this run's token (else `lost` says who took it).
+    Raises OSError when the file cannot be read just now."""
+    held = read(self.model_dir)
+    if held is None or held["token"] != self.token:
+      self.lost = ("another trainer took over its lease"
+                   + (f" ({describe(held)})" if held else " (the lease file is gone)"))
+    return self.lost is None
+
   def _beat(self) -> None:
     while not self._stop.wait(self.timeout_s / 10):
-      held = read(self.model_dir)
-      if held is None or held["token"] != self.token:
-        self.lost = ("another trainer took over its lease"
-                     + (f" ({describe(held)})" if held else " (the lease file is gone)"))
-        return
       try:
-        self._write()
+        if not self._still_ours():
+          return
+        self._write()  # (read, then write: a rival's takeover in between is seen next beat)
       except OSError:
         pass  # a full or flaky disk: the next beat retries; the timeout leaves slack
 
-  def check(self) -> None:
-    """Raises ConfigError when this run no longer holds the lease: it must not write."""
+  def check(self) -> str | None:
+    """Why this run may no longer write to MODEL_DIR (another run took the lease over), or
+    None. Reads the lease file now (a stalled run may have lost it since the last beat)."""
+    if self.lost is None:
+      try:
+        self._still_ours()
+      except OSError:
+        pass  # unreadable just now: the heartbeat's verdict stands
     if self.lost:
-      raise ConfigError(f"MODEL_DIR {self.model_dir}: {self.lost}; this run stops without "
-                        "writing another checkpoint")
+      return (f"MODEL_DIR {self.model_dir}: {self.lost}; this run stops without writing "
+              "another checkpoint")
+    return None
 
   def release(self) -> None:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
-    held = read(self.model_dir)
-    if held is not None and held["token"] == self.token:
-      with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
+      held = read(self.model_dir)
+      if held is not None and held["token"] == self.token:
         os.remove(self.path)
     if self._created_dir:  # a run refused before writing anything leaves no empty folder
       with contextlib.suppress(OSError):

@@ -96,22 +96,21 @@ def _drop_rows_after(path: str, step: int) -> None:
   line (a kill mid-write) is dropped too."""
   if not os.path.isfile(path):
     return
+  from t5lite.data import atomic
   kept, dropped = [], 0
   with open(path, encoding="utf-8") as f:
     for line in f:
       try:
-        row_step = json.loads(line)["step"]
+        row_step = int(json.loads(line)["step"])
       except (ValueError, KeyError, TypeError):
-        dropped += 1
+        dropped += 1  # torn or not a metrics row
         continue
       if row_step > step:
         dropped += 1
       else:
         kept.append(line if line.endswith("\n") else line + "\n")
   if dropped:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.writelines(kept)
-    os.replace(path + ".tmp", path)
+    atomic.write_file(path, "".join(kept))  # whole or not at all: the history stays
 
 
 def format_duration(seconds: float) -> str:

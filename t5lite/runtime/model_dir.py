@@ -76,9 +76,8 @@ def write_json(path: str, value) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  from t5lite.data import atomic
+  atomic.write_file(path, text)
 
 
 def check_compatible(model_dir: str | os.PathLike, model_config: ModelConfig) -> None:

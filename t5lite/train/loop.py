@@ -218,6 +218,7 @@ def _train(loop: Loop, actions: list[Action]) -> None:
       action.run(loop)
       if action.pauses_clock:
         loop.clock.pause_for(time.perf_counter() - start)
+    loop.checkpointer.seal_committed()  # a save that committed meanwhile: verifiable now
     if loop.stop_error is not None:
       raise loop.stop_error
     if loop.stopping and not loop.last:

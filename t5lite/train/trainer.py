@@ -326,7 +326,8 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
     if lease is not None and lease.taken_over:
       log(f"t5lite: took over the lease of MODEL_DIR from a stale run ({lease.taken_over})")
     checkpointer = ckpt_lib.Checkpointer(config.model_dir, config.checkpoint, lease=lease)
-    with integrity.orbax_messages_to_log(config.model_dir):
+    with integrity.orbax_messages_to_log(config.model_dir,
+                                         (OSError, ckpt_lib.CheckpointWriteError)):
       try:
         return loop_lib.run(trainer, checkpointer, sigterm, log, prepare=prepare)
       finally:
