@@ -24,6 +24,7 @@ from helpers import (assert_trees_equal, checkpoint_params, metrics_records, qui
 from t5lite.data.registry import Feature, TaskRegistry, add_task
 from t5lite.data.vocabularies import ByteVocabulary
 from t5lite.errors import ConfigError
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity, lease as lease_lib
 from t5lite.runtime.checkpoints import CheckpointConfig, CorruptCheckpointError
@@ -158,19 +159,19 @@ def test_restore_params_verifies_checksums_and_finiteness(tmp_path):
   plain = ckpt_lib.Checkpointer(tmp_path / "p", CheckpointConfig(async_save=False))
   plain.save(1, state, {})
   plain.close()
-  params, step = ckpt_lib.restore_params(tmp_path / "p", abstract["params"])
+  params, step = checkpoint_reader.restore_params(tmp_path / "p", abstract["params"])
   assert step == 1
   assert_trees_equal(params, STATE)
   flip_byte(array_file(tmp_path / "p" / "checkpoints" / "1"))
   with pytest.raises(CorruptCheckpointError, match="checkpoint step 1: .*CRC32C"):
-    ckpt_lib.restore_params(tmp_path / "p", abstract["params"])
+    checkpoint_reader.restore_params(tmp_path / "p", abstract["params"])
   assert os.path.isdir(tmp_path / "p" / "checkpoints" / "1")  # a read path moves nothing
   # NaN saved (not a flip: sealed as is) is refused too.
   nan = ckpt_lib.Checkpointer(tmp_path / "n", CheckpointConfig(async_save=False))
   nan.save(1, {"params": {**STATE, "w": STATE["w"].at[5].set(jnp.nan)}}, {})
   nan.close()
   with pytest.raises(CorruptCheckpointError, match=r"\['w'\] holds non-finite values"):
-    ckpt_lib.restore_params(tmp_path / "n", abstract["params"])
+    checkpoint_reader.restore_params(tmp_path / "n", abstract["params"])
 
 
 # --- the lease -------------------------------------------------------------------------------

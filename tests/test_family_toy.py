@@ -21,7 +21,7 @@ from t5lite.data.pretraining import mlm_preprocessors
 from t5lite.families import Family, family_of, register
 from t5lite.models.layers import Dense, Embed
 from t5lite.models.transformer import Encoder
-from t5lite.runtime import checkpoints
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime.model_dir import load_model_config
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
@@ -114,7 +114,7 @@ def test_a_family_defined_in_a_test_file_trains_through_t5lite_train(tmp_path):
   assert len(evals) == 1 and evals[0]["eval/train_test_mlm/token_accuracy"] > 0.9
   # The frozen embedding is bitwise the init; the rest trained.
   trainer = Trainer(model, config)
-  params, _ = checkpoints.restore_params(str(tmp_path), trainer.abstract_params)
+  params, _ = checkpoint_reader.restore_params(str(tmp_path), trainer.abstract_params)
   init = family.init_params(jax.random.key(config.seed))
   assert_trees_equal(params["token_embedder"], init["token_embedder"])
   assert not (jax.device_get(params["detector"]["kernel"])

@@ -15,6 +15,7 @@ import pytest
 
 from helpers import assert_trees_equal, checkpoint_params, tree_digest
 from t5lite import cli
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
@@ -220,7 +221,7 @@ def test_damage_is_detected_and_moved_aside_or_harmless(kind, how, reference, sa
   capfd.readouterr()
 
   try:  # the read-only path
-    params, step = ckpt_lib.restore_params(copy, trainer.abstract_params)
+    params, step = checkpoint_reader.restore_params(copy, trainer.abstract_params)
     refused = None
   except CorruptCheckpointError as e:
     refused = str(e)
@@ -270,7 +271,7 @@ def test_a_damaged_checkpoint_metadata_file_adds_nothing_to_the_console(referenc
   damage(copy / "checkpoints" / str(NEWEST) / "_CHECKPOINT_METADATA", "truncate")
   capfd.readouterr()
   with pytest.raises(CorruptCheckpointError):
-    ckpt_lib.restore_params(copy, trainer.abstract_params)
+    checkpoint_reader.restore_params(copy, trainer.abstract_params)
   checkpointer = ckpt_lib.Checkpointer(copy)
   assert checkpointer.restore_latest(trainer.abstract_state)[2] == PREVIOUS
   checkpointer.close()

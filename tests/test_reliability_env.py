@@ -14,6 +14,7 @@ import pytest
 
 from helpers import assert_trees_equal, tree_digest
 from t5lite import cli
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
@@ -155,7 +156,7 @@ def test_a_read_only_model_dir_refuses_training_and_still_serves_reads(gin_file,
              for line in lines)
   assert tree_digest(path) == before
   trainer, states = saved
-  params, step = ckpt_lib.restore_params(path, trainer.abstract_params)
+  params, step = checkpoint_reader.restore_params(path, trainer.abstract_params)
   assert step == NEWEST
   assert_trees_equal(params, states[NEWEST][0].params)
   capfd.readouterr()

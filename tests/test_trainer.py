@@ -15,6 +15,7 @@ from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metri
                      tiny, train_config)
 from t5lite.export.hf import save_hf
 from t5lite.models import init_params
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.runtime.partitioning import MeshConfig, make_mesh
@@ -97,7 +98,7 @@ def test_meshes_give_the_one_device_trajectory(tmp_path, one_device, sizes, fsdp
   sharded = train(model, sharded_config, log=quiet)
   np.testing.assert_allclose([sharded.losses[s] for s in (1, 2, 3)],
                              [reference.losses[s] for s in (1, 2, 3)], rtol=2e-5)
-  params, _ = ckpt_lib.restore_params(tmp_path / "mesh", Trainer(model, sharded_config)
+  params, _ = checkpoint_reader.restore_params(tmp_path / "mesh", Trainer(model, sharded_config)
                                       .abstract_params)
   kernel = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]  # (embed, mlp)
   assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp" if fsdp else None, "tensor")

@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 from t5lite.data.vocabularies import Vocabulary
 from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
-from t5lite.runtime import checkpoints, model_dir
+from t5lite.runtime import checkpoints, integrity, model_dir
 
 CAST_DTYPES = ("float32", "bfloat16")
 
@@ -37,7 +37,7 @@ def write_model_dir(out: str | os.PathLike, config: ModelConfig, params, *, step
     raise FileExistsError(f"{directory} already holds checkpoints; choose an empty --out")
   model_dir.prepare(out, config, vocabulary)
   params = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), params)
-  with checkpoints._quiet_orbax():
+  with integrity.quiet_orbax():
     manager = ocp.CheckpointManager(directory, item_names=("state",))
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(
         {"step": np.asarray(step, np.int32), "params": params})))

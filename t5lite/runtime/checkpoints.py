@@ -15,8 +15,9 @@ every process) is done, so a step folder that exists is complete: a crash or SIG
 leaves only a temporary folder, which is never listed and is removed on the next start.
 
 Integrity (t5lite/runtime/integrity.py): once committed, each step is sealed with the CRC32C
-of every file in it, and every restore (resume, and restore_params: eval, infer, export,
-INITIAL_CHECKPOINT_PATH) verifies them, then checks that the arrays are finite. A damaged
+of every file in it, and every restore (resume here; eval, infer, export and
+INITIAL_CHECKPOINT_PATH through checkpoint_reader.restore_params) verifies them, then checks
+that the arrays are finite. A damaged
 step is named with the file that fails. Resuming, with `on_corrupt='fallback'` the damaged
 step is moved aside to checkpoints/<step>.corrupt-N and the next older one is tried, so the
 run retrains the lost steps and saves them in its place; with 'stop' the run stops and
@@ -36,12 +37,11 @@ import sys
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
-from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.errors import ConfigError
 from t5lite.runtime import integrity
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
@@ -140,7 +140,7 @@ class Checkpointer:
         **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
            if config.best_metric else {}),
     )
-    with _quiet_orbax(logging.CRITICAL):  # a damaged step's metadata: verify names it
+    with integrity.quiet_orbax(logging.CRITICAL):  # a damaged step's metadata: verify names it
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_names=("state", "data"))
     self._in_flight: int | None = None  # the step being saved in the background
@@ -261,7 +261,7 @@ class Checkpointer:
     if self.is_primary:
       integrity.verify(self.step_dir(step), step)
     state, data_state = self._read(step, abstract_state)
-    _check_finite_tree(state, step, self.directory)
+    integrity.check_finite(state, step, self.directory)
     return state, data_state
 
   def _read(self, step: int, abstract_state: Tree) -> tuple[Tree, dict]:
@@ -300,7 +300,7 @@ class Checkpointer:
     damage: ConfigError, nothing moved. Compared as the multiset of array shapes (orbax's
     tree metadata names nodes its own way); unreadable metadata is damage."""
     try:
-      with _quiet_orbax(logging.CRITICAL):
+      with integrity.quiet_orbax(logging.CRITICAL):
         saved = ocp.PyTreeCheckpointer().metadata(
             os.path.join(self.step_dir(step), "state")).item_metadata.tree
     except Exception as e:  # a damaged _METADATA: orbax raises many kinds
@@ -333,7 +333,7 @@ class Checkpointer:
       if not failed:
         state, data_state = read
         try:  # a collective over the restored arrays: the same answer on every process
-          _check_finite_tree(state, step, self.directory)
+          integrity.check_finite(state, step, self.directory)
           if self.is_primary and not sealed and not self.read_only:
             integrity.seal(self.step_dir(step))  # committed by orbax, read whole: trusted
           return state, data_state, step
@@ -372,7 +372,7 @@ class Checkpointer:
     if jax.process_count() > 1:
       all_flags(True)  # every process lists the checkpoints after process 0 has moved it
     if not self.read_only:
-      with _quiet_orbax(logging.CRITICAL):
+      with integrity.quiet_orbax(logging.CRITICAL):
         self._manager.reload()
     older = [s for s in steps if s < step]
     then = f"falling back to step {older[-1]}" if older else "no older checkpoint"
@@ -391,110 +391,3 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self._manager.close()
-
-
-def _check_finite_tree(state: Tree, step: int, directory: str) -> None:
-  """A restored state must be all-finite: NaNs read back mean a corrupted file."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-    if jax.dtypes.issubdtype(leaf.dtype, np.floating) and not bool(jax.numpy.isfinite(leaf).all()):
-      raise CorruptCheckpointError(f"checkpoint step {step} in {directory}: "
-                                   f"{jax.tree_util.keystr(path)} holds non-finite values")
-
-
-@contextlib.contextmanager
-def _quiet_orbax(level: int = logging.ERROR):
-  """Orbax warns, when reading a finished run, that its folder is read only and that a step's
-  item has no metadata file of its own: true and expected, so not shown to users. Listing
-  steps (level CRITICAL) it also logs a damaged step's metadata file as an error: the
-  checksums name that file, in one line, when the step is read."""
-  logger = logging.getLogger("absl")
-  saved = logger.level
-  logger.setLevel(level)
-  try:
-    yield
-  finally:
-    logger.setLevel(saved)
-
-
-def _step_state_dir(path: str) -> tuple[str, int]:
-  """The `state` folder of a checkpoint and its step, from a MODEL_DIR (its newest committed
-  step), a MODEL_DIR/checkpoints folder, or one step folder."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
-    return os.path.join(path, "state"), int(os.path.basename(path))
-  directory = path if os.path.basename(path) == CHECKPOINTS_DIR else checkpoint_dir(path)
-  if not os.path.isdir(directory):
-    raise ConfigFileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ "
-                                  "folder and not a step folder)")
-  with _quiet_orbax(logging.CRITICAL):
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-        read_only=True, create=False), item_names=("state", "data"))
-    step = manager.latest_step()
-    manager.close()
-  if step is None:
-    raise ConfigFileNotFoundError(f"{directory} holds no committed checkpoint")
-  return os.path.join(directory, str(step), "state"), step
-
-
-def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree, int]:
-  """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
-  shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
-
-  path: a MODEL_DIR, its checkpoints/ folder or one step folder. The step is verified against
-  its checksums (process 0 reads the files; the processes agree) and the params must be
-  finite: CorruptCheckpointError otherwise. Nothing is written, so a damaged step stays where
-  it is. Raises ConfigError naming every parameter whose shape or presence differs (e.g.
-  another vocabulary size).
-  """
-  state_dir, step = _step_state_dir(path)
-  step_dir = os.path.dirname(state_dir)
-  noise: list[str] = []
-  sealed, error = None, None
-  if jax.process_index() == 0:
-    try:
-      sealed = integrity.verify(step_dir, step)
-    except CorruptCheckpointError as e:
-      error = e
-  if any(all_flags(error is not None)):
-    raise error or CorruptCheckpointError(
-        f"checkpoint step {step} in {step_dir} fails its checksums (process 0 says which file)")
-  if sealed is False:
-    print(f"t5lite: warning: checkpoint step {step} in {step_dir} has no checksums (saved by "
-          "an older t5lite, or its run stopped right after saving it); reading it unverified",
-          file=sys.stderr, flush=True)
-  checkpointer = ocp.PyTreeCheckpointer()
-  try:
-    with _quiet_orbax(), integrity.captured_noise(noise):
-      saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
-  except Exception as e:  # a damaged _METADATA / _sharding: orbax raises many kinds
-    raise CorruptCheckpointError(f"checkpoint step {step} in {step_dir}: its array metadata "
-                                 f"cannot be read: {integrity.first_line(e)}") from e
-  if saved is None:
-    raise ConfigError(f"{state_dir} has no params")
-  saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
-                  for p, m in jax.tree_util.tree_leaves_with_path(saved)}
-  wanted_shapes = {jax.tree_util.keystr(p): tuple(x.shape)
-                   for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
-  problems = [f"{k}: checkpoint {saved_shapes[k]}, model {v}" for k, v in wanted_shapes.items()
-              if k in saved_shapes and saved_shapes[k] != v]
-  problems += [f"{k}: missing from the checkpoint" for k in wanted_shapes if k not in saved_shapes]
-  problems += [f"{k}: in the checkpoint, not in the model" for k in saved_shapes
-               if k not in wanted_shapes]
-  if problems:
-    more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
-    raise ConfigError(
-        f"checkpoint {state_dir} (step {step}) does not fit this model config; differences:\n  "
-        + "\n  ".join(problems[:10] + more)
-        + "\n  (vocab_size, d_model, layer counts and scan_layers must match the checkpoint's "
-        "model_config.json)")
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-  try:
-    with integrity.captured_noise(noise):
-      restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-          item={"params": abstract_params}, restore_args={"params": restore_args},
-          partial_restore=True))
-  except Exception as e:
-    raise CorruptCheckpointError(f"checkpoint {state_dir} (step {step}) cannot be read: "
-                                 f"{type(e).__name__}: {integrity.first_line(e)}") from e
-  _check_finite_tree(restored["params"], step, step_dir)
-  return restored["params"], step

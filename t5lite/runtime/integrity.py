@@ -33,6 +33,8 @@ import threading
 import traceback
 
 import google_crc32c
+import jax
+import numpy as np
 
 from t5lite.data import atomic
 from t5lite.errors import ConfigError
@@ -124,6 +126,29 @@ def verify(step_dir: str, step: int) -> bool:
   return True
 
 
+def check_finite(state, step: int, directory: str) -> None:
+  """A restored state must be all-finite: NaNs read back mean a corrupted file."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    if jax.dtypes.issubdtype(leaf.dtype, np.floating) and not bool(jax.numpy.isfinite(leaf).all()):
+      raise CorruptCheckpointError(f"checkpoint step {step} in {directory}: "
+                                   f"{jax.tree_util.keystr(path)} holds non-finite values")
+
+
+@contextlib.contextmanager
+def quiet_orbax(level: int = logging.ERROR):
+  """Orbax warns, when reading a finished run, that its folder is read only and that a step's
+  item has no metadata file of its own: true and expected, so not shown to users. Listing
+  steps (level CRITICAL) it also logs a damaged step's metadata file as an error: the
+  checksums name that file, in one line, when the step is read."""
+  logger = logging.getLogger("absl")
+  saved = logger.level
+  logger.setLevel(level)
+  try:
+    yield
+  finally:
+    logger.setLevel(saved)
+
+
 def move_aside(step_dir: str) -> str:
   """Renames a damaged step folder to <step>.corrupt-N (N: the first unused, from 1);
   returns the new path. Never deletes."""
@@ -140,7 +165,6 @@ def move_aside(step_dir: str) -> str:
 def log_details(model_dir: str, text: str) -> str | None:
   """Appends `text` (with a UTC timestamp) to MODEL_DIR/t5lite.log; returns the file's path,
   or None when it cannot be written (a read-only MODEL_DIR): the caller then says less."""
-  import jax
   if jax.process_index() != 0:
     return None  # one writer per MODEL_DIR file; other processes' output says the rest
   path = os.path.join(model_dir, LOG_FILE)

@@ -61,13 +61,13 @@ def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
   folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel)."""
   from t5lite.models.params import abstract_params
-  from t5lite.runtime import checkpoints, partitioning
+  from t5lite.runtime import checkpoint_reader, partitioning
   model_config = load_model_config(model_dir_of(checkpoint_path))
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
   shardings = partitioning.param_shardings(model_config, mesh, rules)
   abstract = partitioning.abstract_sharded(abstract_params(model_config), shardings)
-  params, step = checkpoints.restore_params(checkpoint_path, abstract)
+  params, step = checkpoint_reader.restore_params(checkpoint_path, abstract)
   return model_config, params, step
 
 

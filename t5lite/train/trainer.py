@@ -57,6 +57,7 @@ from t5lite.eval.evaluator import DecodeConfig
 from t5lite.families import family_of
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
+from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
@@ -270,7 +271,7 @@ class Trainer:
     if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
         os.path.join(path, ckpt_lib.CHECKPOINTS_DIR)):
       return self._hf_params(path), 0
-    return ckpt_lib.restore_params(path, self.abstract_params)
+    return checkpoint_reader.restore_params(path, self.abstract_params)
 
   def _hf_params(self, path: str) -> Tree:
     from t5lite.export.hf import load_hf  # torch-free unless the checkpoint is a .bin
