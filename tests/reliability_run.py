@@ -98,7 +98,7 @@ def console_noise(err: str) -> list[str]:
 
 
 def mount(*args) -> str | None:
-  """Runs `mount ARGS`; None when it worked, else why not (for pytest.skip)."""
+  """Runs `mount ARGS`; None when it worked, else why not (the test injects the error then)."""
   if shutil.which("mount") is None:
     return "no mount command"
   done = subprocess.run(["mount", *args], capture_output=True, text=True)

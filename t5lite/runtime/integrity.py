@@ -329,7 +329,7 @@ class _OrbaxToLogFile(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     if not self.everything and (f"{os.sep}orbax{os.sep}" not in record.pathname
-                                or record.levelno < logging.WARNING):
-      return True
+                                or record.levelno < logging.ERROR):
+      return True  # orbax's advice (e.g. "checkpointing less frequently") stays visible
     log_details(self.model_dir, self.formatter.format(record))
     return False
