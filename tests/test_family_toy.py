@@ -127,5 +127,9 @@ def test_nothing_outside_the_families_and_models_branches_on_the_family():
   out = subprocess.run(["grep", "-rnE", r"encoder_decoder|decoder_only|encoder_only|"
                         r"\.architecture\b", "t5lite", "--include=*.py"], cwd=REPO,
                        capture_output=True, text=True, check=True).stdout.splitlines()
-  outside = [line for line in out if not re.match(r"t5lite/(models|families)/", line)]
+  # The HF layouts (export/hf_<model_type>.py) are per-family mappings by design: each says
+  # which architecture its HF model is; hf.py and hf_layout.py dispatch without branching.
+  outside = [line for line in out
+             if not re.match(r"t5lite/(models|families)/|t5lite/export/hf_(?!layout)\w+\.py",
+                             line)]
   assert len(outside) <= 3, "\n".join(outside)

@@ -188,7 +188,7 @@ def test_logits_accepts_one_example():
 @pytest.mark.parametrize("changes, field", [
     (dict(position_encoding="rope"), "position_encoding='rope'"),
     (dict(norm="layer"), "norm='layer'"),
-    (dict(architecture="decoder_only"), "a 'decoder_only' model has no HF T5 layout"),
+    (dict(architecture="decoder_only"), "a 'decoder_only' model has no HF layout"),
 ])
 def test_variants_without_an_hf_equivalent_are_refused(changes, field, tmp_path):
   config = tiny(**changes)

@@ -1,4 +1,5 @@
-"""Attention masks and multi-head dot-product attention (T5 style: no 1/sqrt(d) scaling).
+"""Attention masks and multi-head dot-product attention (T5: unscaled logits; BERT, GPT-2 and
+LLaMA scale by 1/sqrt(d_kv); grouped-query attention shares key/value heads).
 
 Masks are boolean (B, Q, K) arrays, True where a query may attend to a key, turned into
 one additive bias. Packing is expressed with segment ids: 1-based per example, 0 = padding.
@@ -10,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import Dense
+from t5lite.models.layers import dense
 from t5lite.models.positions import apply_rope
 
 # Large enough to zero a softmax weight, small enough to stay finite in float32 sums.
@@ -82,7 +83,10 @@ def mask_to_bias(mask: jax.Array) -> jax.Array:
 class MultiHeadAttention(nn.Module):
   """Multi-head attention from x_q over x_kv with an additive float32 bias (B|1, H|1, Q, K).
 
-  T5 folds the 1/sqrt(d_kv) scaling into the query initializer, so logits are unscaled.
+  T5 folds the 1/sqrt(d_kv) scaling into the query initializer, so logits are unscaled;
+  config.scale_attention scales them instead. With config.num_key_value_heads, keys and values
+  have fewer heads, each serving num_heads / num_key_value_heads consecutive query heads (HF's
+  repeat_kv order); the cache holds the fewer heads.
   """
   config: ModelConfig
   deterministic: bool = True
@@ -101,17 +105,19 @@ class MultiHeadAttention(nn.Module):
                q_positions: jax.Array | None = None,
                kv_positions: jax.Array | None = None) -> jax.Array:
     cfg = self.config
-    d, h, k = cfg.d_model, cfg.num_heads, cfg.d_kv
-    dtypes = dict(dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
+    d, h, k, kvh = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.kv_heads
     heads_axes = ("embed", "heads", "kv")
-    query = Dense((d,), (h, k), heads_axes, (d * k) ** -0.5, name="query", **dtypes)(x_q)
+    query_std = d ** -0.5 if cfg.scale_attention else (d * k) ** -0.5
+    query = dense(cfg, (d,), (h, k), heads_axes, query_std, "query")(x_q)
+    if cfg.scale_attention:
+      query = query * jnp.asarray(k ** -0.5, query.dtype)
     cross_cached = self.cache == "cross" and self.has_variable("cache", "cached_key")
     if cross_cached:  # decoding steps: the encoder's keys and values were projected at prefill
       key = self.get_variable("cache", "cached_key")
       value = self.get_variable("cache", "cached_value")
     else:
-      key = Dense((d,), (h, k), heads_axes, d ** -0.5, name="key", **dtypes)(x_kv)
-      value = Dense((d,), (h, k), heads_axes, d ** -0.5, name="value", **dtypes)(x_kv)
+      key = dense(cfg, (d,), (kvh, k), heads_axes, d ** -0.5, "key")(x_kv)
+      value = dense(cfg, (d,), (kvh, k), heads_axes, d ** -0.5, "value")(x_kv)
     if cfg.position_encoding == "rope" and self.rotary:
       query = apply_rope(query, q_positions, cfg.rope_theta)
       key = apply_rope(key, kv_positions, cfg.rope_theta)
@@ -126,6 +132,8 @@ class MultiHeadAttention(nn.Module):
     fold = query.shape[0] // key.shape[0] if self.cache == "cross" else 1
     if fold > 1:
       query, bias = fold_rows_into_queries(query, bias, fold)
+    if kvh != h:  # (B, K, kvh, D) -> (B, K, H, D): head j reads key/value head j // (H / kvh)
+      key, value = (jnp.repeat(t, h // kvh, axis=2) for t in (key, value))
 
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
@@ -133,8 +141,8 @@ class MultiHeadAttention(nn.Module):
     out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)
     if fold > 1:
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    return Dense((h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, name="out",
-                 **dtypes)(out)  # (B, Q, D)
+    return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
+                 "out")(out)  # (B, Q, D)
 
   def _append_to_cache(self, key, value, positions):
     """Writes key/value (B, Q, H, K) at slots positions[b, 0] .. + Q - 1 of each row's cache

@@ -16,10 +16,11 @@ from t5lite.errors import ConfigError
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 # Gated activations multiply act(x @ wi_0) by (x @ wi_1); the others use one input kernel `wi`.
 GATED_ACTIVATIONS = ("gated-gelu", "swiglu", "reglu")
-ACTIVATIONS = ("relu", "gelu") + GATED_ACTIVATIONS
+ACTIVATIONS = ("relu", "gelu", "gelu_exact") + GATED_ACTIVATIONS
 ACTIVATION_ALIASES = {"geglu": "gated-gelu", "gated_gelu": "gated-gelu"}
 NORMS = ("rms", "layer")
-POSITION_ENCODINGS = ("relative_bias", "sinusoidal", "learned", "rope")
+POSITION_ENCODINGS = ("relative_bias", "sinusoidal", "sinusoidal_interleaved", "learned", "rope")
+NORM_POSITIONS = ("pre", "post")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -49,9 +50,26 @@ class ModelConfig:
   num_decoder_layers: int = 8
   """Layers of the decoder stack (encoder_decoder, decoder_only)."""
   mlp_activation: str = "gated-gelu"
-  """'relu', 'gelu', 'gated-gelu' (alias 'geglu'), 'swiglu' or 'reglu'. GELU is the tanh approximation."""
+  """'relu', 'gelu' (the tanh approximation: HF's 'gelu_new', T5 v1.1, GPT-2, ALBERT),
+  'gelu_exact' (erf: HF's 'gelu', BERT), 'gated-gelu' (alias 'geglu', tanh GELU), 'swiglu'
+  (LLaMA) or 'reglu'. An encoder-only model's MLM head uses the same (ungated) activation."""
   norm: str = "rms"
   """'rms' (T5 LayerNorm: scale only, no mean subtraction) or 'layer' (scale and bias)."""
+  norm_position: str = "pre"
+  """'pre': norm before each sublayer, residual around it, one final norm per stack (T5, GPT-2,
+  LLaMA). 'post': norm after each residual sum, no final norm (original Transformer, BERT)."""
+  use_bias: bool = False
+  """Biases on the dense layers: attention, MLP, embedding projection and an MLM head's output
+  (BERT, GPT-2, the original Transformer). T5 and LLaMA have none."""
+  scale_attention: bool = False
+  """Scale attention logits by d_kv**-0.5 (BERT, GPT-2, LLaMA). False: T5, which folds the
+  scale into the query kernel's initialization."""
+  num_key_value_heads: int = 0
+  """Grouped-query attention: heads of keys and values, each shared by num_heads /
+  num_key_value_heads query heads (LLaMA-style). 0: as many as num_heads."""
+  init_std: float = 0.0
+  """> 0: every kernel and embedding initialized normal(init_std) (HF's initializer_range,
+  0.02 for BERT and GPT-2). 0: T5's fan-in scaled initialization."""
   layer_norm_epsilon: float = 1e-6
   """Added to the variance before the reciprocal square root."""
   position_encoding: str = "relative_bias"
@@ -62,8 +80,32 @@ class ModelConfig:
   """Distances at or past this share the last bucket."""
   max_position_embeddings: int = 512
   """Rows of the table for 'learned' positions (longer inputs are an error)."""
+  position_offset: int = 0
+  """Added to positions before the 'learned' table (RoBERTa: its positions start after the
+  padding index, at 2; the table then needs max_position_embeddings >= length + 2)."""
   rope_theta: float = 10000.0
   """Base of the rotary frequencies."""
+  embedding_size: int = 0
+  """Factorized embeddings (ALBERT, ELECTRA): token, position and type embeddings of this
+  width, a norm there, then a dense projection to d_model; the MLM head projects back to it.
+  0: d_model (no projection). Encoder-only models."""
+  type_vocab_size: int = 0
+  """Token-type (segment A/B) embeddings added to the token embeddings (BERT: 2). 0: none."""
+  embedding_norm: bool = False
+  """A norm over the summed embeddings (BERT, ALBERT) before dropout."""
+  scale_embeddings: bool = False
+  """Multiply token embeddings by sqrt(d_model) before adding positions (original Transformer)."""
+  shared_layer_groups: int = 0
+  """Cross-layer parameter sharing (ALBERT's num_hidden_groups): the encoder's layers use this
+  many parameter sets, layer i the group i * groups // num_encoder_layers. 0: no sharing.
+  Encoder-only models, unscanned."""
+  layers_per_group: int = 1
+  """Layers inside one shared group, applied in turn at every use (ALBERT's inner_group_num)."""
+  pooler: bool = False
+  """Encoder-only: a dense + tanh over the first token's final state (BERT's pooler)."""
+  sentence_classes: int = 0
+  """Encoder-only: a linear classifier of that many classes on the pooler (BERT's next-sentence,
+  ALBERT's sentence-order head: 2). Needs pooler. 0: none."""
   tie_output_embedding: bool = False
   """Output projection is the transposed input embedding (T5 v1.0) instead of its own kernel."""
   scale_logits: bool = False
@@ -107,10 +149,58 @@ class ModelConfig:
       # spreads the rest logarithmically up to max_distance: fewer leaves nothing to divide.
       raise ConfigError(f"ModelConfig.relative_attention_num_buckets={buckets} must be >= 4 and "
                         f"relative_attention_max_distance={distance} > num_buckets // 2")
+    self._check_layer_options()
     if self.position_encoding == "rope" and self.d_kv % 2:
       raise ConfigError(f"rope needs an even d_kv, got {self.d_kv}")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ConfigError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+  def _check_layer_options(self):
+    if self.norm_position not in NORM_POSITIONS:
+      raise ConfigError(f"ModelConfig.norm_position={self.norm_position!r} is not one of "
+                        f"{NORM_POSITIONS}")
+    for field in ("num_key_value_heads", "embedding_size", "type_vocab_size",
+                  "shared_layer_groups", "sentence_classes", "position_offset"):
+      if getattr(self, field) < 0:
+        raise ConfigError(f"ModelConfig.{field} must be >= 0, got {getattr(self, field)}")
+    if self.layers_per_group < 1:
+      raise ConfigError(f"ModelConfig.layers_per_group must be >= 1, got {self.layers_per_group}")
+    if self.init_std < 0:
+      raise ConfigError(f"ModelConfig.init_std must be >= 0, got {self.init_std}")
+    if self.num_heads % self.kv_heads:
+      raise ConfigError(f"ModelConfig.num_key_value_heads={self.num_key_value_heads} must "
+                        f"divide num_heads={self.num_heads}")
+    if self.architecture != "encoder_only":
+      for field in ("embedding_size", "type_vocab_size", "shared_layer_groups", "pooler",
+                    "sentence_classes"):
+        if getattr(self, field):
+          raise ConfigError(f"ModelConfig.{field} is an encoder-only option; this model is "
+                            f"{self.architecture!r} (set it to 0/False)")
+    if self.shared_layer_groups:
+      if self.num_encoder_layers % self.shared_layer_groups:
+        raise ConfigError(f"ModelConfig.shared_layer_groups={self.shared_layer_groups} must "
+                          f"divide num_encoder_layers={self.num_encoder_layers}")
+      if self.scan_layers:
+        raise ConfigError("shared layers run as a loop over one set of parameters per group: "
+                          "set scan_layers=False with shared_layer_groups")
+    if self.sentence_classes and not self.pooler:
+      raise ConfigError("ModelConfig.sentence_classes needs pooler=True (the classifier reads "
+                        "the pooled first token)")
+
+  @property
+  def kv_heads(self) -> int:
+    """Heads of keys and values (num_key_value_heads, or num_heads without grouping)."""
+    return self.num_key_value_heads or self.num_heads
+
+  @property
+  def embedding_width(self) -> int:
+    """Width of the embedding tables (embedding_size, or d_model)."""
+    return self.embedding_size or self.d_model
+
+  @property
+  def layer_repeats(self) -> int:
+    """Layer applications per encoder layer slot (layers_per_group when layers are shared)."""
+    return self.layers_per_group if self.shared_layer_groups else 1
 
   @property
   def family_name(self) -> str:

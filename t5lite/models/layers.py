@@ -28,6 +28,7 @@ def _gelu(x):
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
     "gelu": _gelu,
+    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),  # BERT (HF's "gelu")
     "gated-gelu": _gelu,
     "swiglu": jax.nn.silu,
     "reglu": jax.nn.relu,
@@ -35,10 +36,11 @@ ACTIVATION_FNS = {
 
 
 class Dense(nn.Module):
-  """A bias-free linear map contracting the last len(in_shape) axes of x with a kernel.
+  """A linear map contracting the last len(in_shape) axes of x with a kernel (+ a bias).
 
   Example: in_shape=(512,), out_shape=(8, 64) maps x (B, L, 512) -> (B, L, 8, 64) with a
-  (512, 8, 64) kernel whose axes are named e.g. ('embed', 'heads', 'kv').
+  (512, 8, 64) kernel whose axes are named e.g. ('embed', 'heads', 'kv'); use_bias adds an
+  (8, 64) bias named by the output axes.
   """
   in_shape: Sequence[int]
   out_shape: Sequence[int]
@@ -46,13 +48,30 @@ class Dense(nn.Module):
   stddev: float
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     shape = tuple(self.in_shape) + tuple(self.out_shape)
     init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), tuple(self.axes))
     kernel = self.param("kernel", init, shape, self.param_dtype)
-    return matmul_2d(x.astype(self.dtype), kernel.astype(self.dtype), len(self.in_shape))
+    y = matmul_2d(x.astype(self.dtype), kernel.astype(self.dtype), len(self.in_shape))
+    if self.use_bias:
+      out_axes = tuple(self.axes)[len(self.in_shape):]
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, out_axes),
+                        tuple(self.out_shape), self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+def dense(config: ModelConfig, in_shape: Sequence[int], out_shape: Sequence[int],
+          axes: Sequence[str | None], stddev: float, name: str, *,
+          use_bias: bool | None = None) -> Dense:
+  """A Dense with the config's dtypes, bias setting (config.use_bias unless given) and
+  initialization: `stddev` (T5's fan-in scaling), or config.init_std when that is set."""
+  return Dense(tuple(in_shape), tuple(out_shape), tuple(axes),
+               config.init_std or stddev, config.compute_dtype, config.storage_dtype,
+               config.use_bias if use_bias is None else use_bias, name=name)
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, n: int, **dot_kwargs) -> jax.Array:
@@ -79,9 +98,11 @@ class Embed(nn.Module):
   features: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  stddev: float = 1.0
+  axes: tuple[str | None, str | None] = ("vocab", "embed")
 
   def setup(self):
-    init = nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed"))
+    init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
     self.embedding = self.param("embedding", init, (self.num_embeddings, self.features),
                                 self.param_dtype)
 
@@ -124,14 +145,13 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    dense = lambda d_in, d_out, axes, name: Dense(
-        (d_in,), (d_out,), axes, d_in ** -0.5, cfg.compute_dtype, cfg.storage_dtype, name=name)
+    d, f = cfg.d_model, cfg.d_ff
     act = ACTIVATION_FNS[cfg.mlp_activation]
     if cfg.gated_mlp:
-      h = act(dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi_0")(x))
-      h = h * dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi_1")(x)
+      h = act(dense(cfg, (d,), (f,), ("embed", "mlp"), d ** -0.5, "wi_0")(x))
+      h = h * dense(cfg, (d,), (f,), ("embed", "mlp"), d ** -0.5, "wi_1")(x)
     else:
-      h = act(dense(cfg.d_model, cfg.d_ff, ("embed", "mlp"), "wi")(x))
+      h = act(dense(cfg, (d,), (f,), ("embed", "mlp"), d ** -0.5, "wi")(x))
     h = nn.with_logical_constraint(h, BATCH_LENGTH_MLP)  # (B, L, F)
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
-    return dense(cfg.d_ff, cfg.d_model, ("mlp", "embed"), "wo")(h)  # (B, L, D)
+    return dense(cfg, (f,), (d,), ("mlp", "embed"), f ** -0.5, "wo")(h)  # (B, L, D)

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import ACTIVATION_FNS, Dense, Embed, Norm
+from t5lite.models.layers import ACTIVATION_FNS, Embed, Norm, dense
 from t5lite.models.transformer import Decoder, Encoder, LogitsHead, default_positions
 
 
@@ -41,10 +41,12 @@ class _Model(nn.Module):
 
   def _embedder(self) -> Embed:
     cfg = self.config
-    return Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, cfg.storage_dtype)
+    return Embed(cfg.vocab_size, cfg.embedding_width, cfg.compute_dtype, cfg.storage_dtype,
+                 cfg.init_std or 1.0)
 
-  def _encode(self, tokens, segment_ids, positions):
-    return self.encoder(tokens, *_encoder_defaults(tokens, segment_ids, positions))
+  def _encode(self, tokens, segment_ids, positions, token_type_ids=None):
+    return self.encoder(tokens, *_encoder_defaults(tokens, segment_ids, positions),
+                        token_type_ids)
 
 
 class EncoderDecoder(_Model):
@@ -112,25 +114,53 @@ class DecoderOnly(_Model):
 
 
 class EncoderOnly(_Model):
-  """BERT-style encoder with an MLM head (dense, activation, norm, vocab projection)."""
-  INPUTS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+  """BERT-style encoder with an MLM head (dense to the embedding width, the config's
+  activation, norm, vocab projection with a bias when config.use_bias) and, optionally, a
+  pooler (dense + tanh on the first token) with a sentence classifier (NSP / SOP)."""
+  INPUTS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
+            "encoder_token_type_ids")
 
   @staticmethod
   def dummy_inputs(config):
-    return {"encoder_input_tokens": jnp.ones((1, 1), jnp.int32)}
+    tokens = jnp.ones((1, 1), jnp.int32)
+    return {"encoder_input_tokens": tokens,
+            **({"encoder_token_type_ids": tokens} if config.type_vocab_size else {}),
+            **({"with_sentence_logits": True} if config.pooler else {})}
 
   def setup(self):
     cfg = self.config
     self.token_embedder = self._embedder()
     self.encoder = Encoder(cfg, self.token_embedder, self.deterministic)
-    self.mlm_transform = Dense((cfg.d_model,), (cfg.d_model,), ("embed", "mlp"),
-                               cfg.d_model ** -0.5, cfg.compute_dtype, cfg.storage_dtype)
+    e = cfg.embedding_width
+    self.mlm_transform = dense(cfg, (cfg.d_model,), (e,), ("embed", "mlp"),
+                               cfg.d_model ** -0.5, "mlm_transform")
     self.mlm_norm = Norm(cfg)
-    self.logits_dense = LogitsHead(cfg, self.token_embedder)
+    self.logits_dense = LogitsHead(cfg, self.token_embedder, bias=cfg.use_bias)
+    if cfg.pooler:
+      d = cfg.d_model
+      self.pooler = dense(cfg, (d,), (d,), ("embed", "mlp"), d ** -0.5, "pooler", use_bias=True)
+    if cfg.sentence_classes:
+      self.sentence_classifier = dense(cfg, (cfg.d_model,), (cfg.sentence_classes,),
+                                       ("embed", None), cfg.d_model ** -0.5,
+                                       "sentence_classifier", use_bias=True)
 
-  def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None):
-    x = self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions)
-    return self.logits_dense(self.mlm_norm(ACTIVATION_FNS["gelu"](self.mlm_transform(x))))
+  def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+               encoder_token_type_ids=None, with_sentence_logits=False):
+    """MLM logits (B, L, V) in float32; with_sentence_logits: also the pooled output's
+    (B, sentence_classes) float32 logits, or the pooled states (B, D) without a classifier."""
+    cfg = self.config
+    x = self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                     encoder_token_type_ids)  # (B, L, D)
+    act = ACTIVATION_FNS[cfg.mlp_activation]
+    logits = self.logits_dense(self.mlm_norm(act(self.mlm_transform(x))))
+    if not with_sentence_logits:
+      return logits
+    if not cfg.pooler:
+      raise ValueError("with_sentence_logits needs a config with pooler=True")
+    pooled = jnp.tanh(self.pooler(x[:, 0]))  # (B, D)
+    if cfg.sentence_classes:
+      pooled = self.sentence_classifier(pooled).astype(jnp.float32)  # (B, C)
+    return logits, pooled
 
 
 MODEL_CLASSES = {

@@ -1,4 +1,5 @@
-"""Position encodings: T5 relative bias, sinusoidal, learned absolute, rotary (RoPE)."""
+"""Position encodings: T5 relative bias, sinusoidal (t2t and the original Transformer's
+interleaved layout), learned absolute, rotary (RoPE)."""
 from __future__ import annotations
 
 import math
@@ -82,20 +83,38 @@ def sinusoidal_embedding(positions: jax.Array, features: int) -> jax.Array:
   return emb
 
 
+def interleaved_sinusoidal_embedding(positions: jax.Array, features: int) -> jax.Array:
+  """The original Transformer's encodings, (B, L) -> (B, L, features) float32:
+  PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+  Example (d=4, pos=1): [sin(1), cos(1), sin(0.01), cos(0.01)].
+  """
+  half = (features + 1) // 2
+  inv_timescales = np.power(10000.0, -2.0 * np.arange(half) / features).astype(np.float32)
+  angles = positions[..., None].astype(jnp.float32) * inv_timescales  # (B, L, ceil(d/2))
+  emb = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # (B, L, ceil(d/2), 2)
+  return emb.reshape(*emb.shape[:-2], 2 * half)[..., :features]
+
+
 class LearnedPositionEmbedding(nn.Module):
-  """A trained (max_position_embeddings, embed) table looked up by position."""
+  """A trained (max_position_embeddings, embedding width) table looked up by position +
+  config.position_offset (RoBERTa's positions start after its padding index)."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    if positions.shape[-1] > cfg.max_position_embeddings:
-      raise ConfigError(f"sequence length {positions.shape[-1]} exceeds max_position_embeddings="
+    needed = positions.shape[-1] + cfg.position_offset
+    if needed > cfg.max_position_embeddings:
+      raise ConfigError(f"sequence length {positions.shape[-1]} (+ position_offset "
+                        f"{cfg.position_offset}) exceeds max_position_embeddings="
                         f"{cfg.max_position_embeddings} of the learned position table")
-    init = nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed"))
-    table = self.param("embedding", init, (cfg.max_position_embeddings, cfg.d_model),
+    init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std or 0.02),
+                                        (None, "embed"))
+    table = self.param("embedding", init, (cfg.max_position_embeddings, cfg.embedding_width),
                        cfg.storage_dtype)
-    return jnp.take(table, positions, axis=0).astype(cfg.compute_dtype)  # (B, L, D)
+    return jnp.take(table, positions + cfg.position_offset,
+                    axis=0).astype(cfg.compute_dtype)  # (B, L, E)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:

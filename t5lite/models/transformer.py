@@ -1,4 +1,5 @@
-"""Transformer layers and stacks (pre-norm, T5 style), unrolled or scanned, with optional remat.
+"""Transformer layers and stacks, pre-norm (T5, GPT-2, LLaMA) or post-norm (BERT, the original
+Transformer), unrolled, scanned or shared across layers (ALBERT), with optional remat.
 
 An Encoder stack attends bidirectionally within segments; a Decoder stack is causal (or
 prefix-LM) and, in an encoder-decoder model, cross-attends to the encoder's output.
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 from t5lite.models.attention import (MultiHeadAttention, cache_mask, causal_mask, mask_to_bias,
                                      prefix_lm_mask, segment_mask)
 from t5lite.models.config import ModelConfig
-from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, matmul_2d
+from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
-                                     sinusoidal_embedding)
+                                     interleaved_sinusoidal_embedding, sinusoidal_embedding)
 
 CROSS_ATTENTION = "encoder_decoder_attention"
 """Name of a decoder layer's cross-attention module (and of its params)."""
@@ -32,8 +33,18 @@ REMAT_POLICIES: dict[str, Callable | None] = {
 }
 
 
+def residual(module: nn.Module, x: jax.Array, sublayer: Callable, name: str) -> jax.Array:
+  """x plus a sublayer's dropped-out output, normed before the sublayer (pre-norm: the norm is
+  `pre_<name>`) or after the sum (post-norm: `post_<name>`). Call inside a compact method."""
+  cfg = module.config
+  drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=module.deterministic)
+  if cfg.norm_position == "pre":
+    return x + drop(sublayer(Norm(cfg, name=f"pre_{name}")(x)))
+  return Norm(cfg, name=f"post_{name}")(x + drop(sublayer(x)))
+
+
 class EncoderLayer(nn.Module):
-  """Self-attention + MLP, each pre-normed with a residual. Also the decoder-only layer."""
+  """Self-attention + MLP, each with a residual and a norm. Also the decoder-only layer."""
   config: ModelConfig
   deterministic: bool = True
   cache_length: int = 0
@@ -42,14 +53,13 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, bias, positions):
     cfg = self.config
-    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)
-    y = Norm(cfg, name="pre_attention_layer_norm")(x)
-    y = MultiHeadAttention(cfg, self.deterministic, cache="self" if self.cache_length else None,
-                           cache_length=self.cache_length, name="attention")(
-                               y, y, bias, positions, positions)
-    x = x + drop(y)
-    y = Mlp(cfg, self.deterministic, name="mlp")(Norm(cfg, name="pre_mlp_layer_norm")(x))
-    x = nn.with_logical_constraint(x + drop(y), BATCH_LENGTH_EMBED)
+    attention = MultiHeadAttention(cfg, self.deterministic,
+                                   cache="self" if self.cache_length else None,
+                                   cache_length=self.cache_length, name="attention")
+    x = residual(self, x, lambda y: attention(y, y, bias, positions, positions),
+                 "attention_layer_norm")
+    x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
+    x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
     return x, None  # (carry, per-layer output) as nn.scan expects
 
 
@@ -63,21 +73,20 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, self_bias, positions, encoded, cross_bias):
     cfg = self.config
-    drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)
-    y = Norm(cfg, name="pre_self_attention_layer_norm")(x)
     decoding = self.cache_length > 0
-    y = MultiHeadAttention(cfg, self.deterministic, cache="self" if decoding else None,
-                           cache_length=self.cache_length, name="self_attention")(
-                               y, y, self_bias, positions, positions)
-    x = x + drop(y)
-    y = Norm(cfg, name="pre_cross_attention_layer_norm")(x)
+    self_attention = MultiHeadAttention(cfg, self.deterministic,
+                                        cache="self" if decoding else None,
+                                        cache_length=self.cache_length, name="self_attention")
     # No rotary in cross-attention: query and key positions live in different sequences.
-    y = MultiHeadAttention(cfg, self.deterministic, rotary=False,
-                           cache="cross" if decoding else None,
-                           name=CROSS_ATTENTION)(y, encoded, cross_bias)
-    x = x + drop(y)
-    y = Mlp(cfg, self.deterministic, name="mlp")(Norm(cfg, name="pre_mlp_layer_norm")(x))
-    x = nn.with_logical_constraint(x + drop(y), BATCH_LENGTH_EMBED)
+    cross_attention = MultiHeadAttention(cfg, self.deterministic, rotary=False,
+                                         cache="cross" if decoding else None,
+                                         name=CROSS_ATTENTION)
+    x = residual(self, x, lambda y: self_attention(y, y, self_bias, positions, positions),
+                 "self_attention_layer_norm")
+    x = residual(self, x, lambda y: cross_attention(y, encoded, cross_bias),
+                 "cross_attention_layer_norm")
+    x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
+    x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
     return x, None
 
 
@@ -96,6 +105,8 @@ def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool
   if cfg.remat_policy != "none":
     layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy],
                          prevent_cse=not cfg.scan_layers)  # scan already prevents CSE
+  if cfg.shared_layer_groups:
+    return run_shared_layers(layer_cls, cfg, deterministic, num_layers, x, *args)
   if cfg.scan_layers:
     scanned = nn.scan(layer_cls, variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
@@ -104,6 +115,20 @@ def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool
     return x
   for i in range(num_layers):
     x, _ = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, *args)
+  return x
+
+
+def run_shared_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool,
+                      num_layers: int, x: jax.Array, *args) -> jax.Array:
+  """ALBERT's cross-layer sharing: shared_layer_groups groups of layers_per_group layers
+  (params groups_<g>_<k>); layer slot i runs every layer of group i * groups // num_layers.
+  One group of one layer is a single layer applied num_layers times."""
+  groups = cfg.shared_layer_groups
+  shared = [[layer_cls(cfg, deterministic, name=f"groups_{g}_{k}")
+             for k in range(cfg.layers_per_group)] for g in range(groups)]
+  for i in range(num_layers):
+    for layer in shared[i * groups // num_layers]:
+      x, _ = layer(x, *args)
   return x
 
 
@@ -119,18 +144,37 @@ class _Stack(nn.Module):
   cache_length: int = 0
   """Decoder only: > 0 runs it incrementally over a cache of this many positions."""
 
-  def embed(self, tokens, positions):
+  def embed(self, tokens, positions, token_type_ids=None):
+    """Token (+ position, + token type) embeddings, normed if configured, dropped out, then
+    projected to d_model when the embeddings are factorized. (B, L) -> (B, L, D)."""
     cfg = self.config
-    x = self.embedder(tokens)  # (B, L, D)
+    x = self.embedder(tokens)  # (B, L, E)
+    if cfg.scale_embeddings:
+      x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
     if cfg.position_encoding == "sinusoidal":
       x = x + sinusoidal_embedding(positions, cfg.d_model).astype(x.dtype)
+    elif cfg.position_encoding == "sinusoidal_interleaved":
+      x = x + interleaved_sinusoidal_embedding(positions, cfg.d_model).astype(x.dtype)
     elif cfg.position_encoding == "learned":
       x = x + LearnedPositionEmbedding(cfg, name="position_embedder")(positions)
+    if cfg.type_vocab_size:
+      types = jnp.zeros_like(tokens) if token_type_ids is None else token_type_ids
+      x = x + Embed(cfg.type_vocab_size, cfg.embedding_width, cfg.compute_dtype,
+                    cfg.storage_dtype, cfg.init_std or 1.0, (None, "embed"),
+                    name="token_type_embedder")(types)
+    if cfg.embedding_norm:
+      x = Norm(cfg, name="embedding_norm")(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+    if cfg.embedding_width != cfg.d_model:  # ALBERT / ELECTRA: E -> H
+      e = cfg.embedding_width
+      x = dense(cfg, (e,), (cfg.d_model,), (None, "embed"), e ** -0.5,
+                "embedding_projection")(x)
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
   def finish(self, x, norm_name):
-    x = Norm(self.config, name=norm_name)(x)
+    """The stack's final norm (pre-norm stacks; a post-norm stack ends normed) and dropout."""
+    if self.config.norm_position == "pre":
+      x = Norm(self.config, name=norm_name)(x)
     return nn.Dropout(self.config.dropout_rate)(x, deterministic=self.deterministic)
 
 
@@ -138,9 +182,9 @@ class Encoder(_Stack):
   """tokens, segment ids, positions (B, L) -> normed hidden states (B, L, D)."""
 
   @nn.compact
-  def __call__(self, tokens, segment_ids, positions):
+  def __call__(self, tokens, segment_ids, positions, token_type_ids=None):
     cfg = self.config
-    x = self.embed(tokens, positions)
+    x = self.embed(tokens, positions, token_type_ids)
     bias = mask_to_bias(segment_mask(segment_ids, segment_ids))  # (B, 1, L, L)
     if cfg.position_encoding == "relative_bias":
       length = tokens.shape[1]
@@ -188,10 +232,12 @@ class LogitsHead(nn.Module):
   """Final hidden states (B, L, D) -> float32 logits (B, L, V): tied (embedding.T) or its own
   kernel. The loss needs float32 logits; bf16 rounding of a 32k-way softmax costs ~0.02 nats.
 
-  Used as name='logits_dense', so an untied kernel lives at .../logits_dense/kernel (D, V).
+  Used as name='logits_dense', so an untied kernel lives at .../logits_dense/kernel (D, V);
+  with `bias` (an MLM head with config.use_bias) a (V,) bias sits beside it.
   """
   config: ModelConfig
   embedder: Embed
+  bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -203,7 +249,13 @@ class LogitsHead(nn.Module):
     else:
       init = nn.with_logical_partitioning(nn.initializers.normal(cfg.d_model ** -0.5),
                                           ("embed", "vocab"))
-      kernel = self.param("kernel", init, (cfg.d_model, cfg.vocab_size), cfg.storage_dtype)
+      init = (nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                           ("embed", "vocab")) if cfg.init_std else init)
+      kernel = self.param("kernel", init, (x.shape[-1], cfg.vocab_size), cfg.storage_dtype)
       logits = matmul_2d(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), 1,
                          preferred_element_type=jnp.float32)  # (B, L, V)
+    if self.bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (cfg.vocab_size,), cfg.storage_dtype)
+      logits = logits + bias.astype(jnp.float32)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))

@@ -1,0 +1,1 @@
+"""Placeholder: the HF albert layout is being written."""

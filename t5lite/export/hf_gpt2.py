@@ -1,0 +1,1 @@
+"""Placeholder: the HF gpt2 layout is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the HF llama layout is being written."""
