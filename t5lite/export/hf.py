@@ -155,13 +155,19 @@ def weight_files(path: str) -> tuple[str, list[str]]:
                                 f"{INDEX_FILE}, {TORCH_FILE}, {TORCH_INDEX_FILE}")
 
 
-def read_hf_tensors(path: str, claimed: int = 0, what: str = "config.json"
-                    ) -> dict[str, np.ndarray]:
+def read_hf_tensors(path: str, claimed: int = 0, what: str = "config.json", *,
+                    torch_files: bool = True) -> dict[str, np.ndarray]:
   """All tensors of an HF directory (see weight_files); .bin files only through
-  torch.load(weights_only=True), never a plain unpickle. Refuses files that hold fewer values
-  than the `claimed` parameters: safetensors before reading (their headers say), torch after
-  (reading costs no more than the files' size) and before anything is built from them."""
+  torch.load(weights_only=True), never a plain unpickle, and only with torch_files (legacy
+  T5 checkpoints; every other model type is read from safetensors only). Refuses files that
+  hold fewer values than the `claimed` parameters: safetensors before reading (their headers
+  say), torch after (reading costs no more than the files' size) and before anything is
+  built from them."""
   kind, files = weight_files(path)
+  if kind == "torch" and not torch_files:
+    raise ConfigError(f"{path} holds only {os.path.basename(files[0])}: t5lite reads this "
+                      "model type from safetensors only (no pickles); convert it with "
+                      "transformers: AutoModel.from_pretrained(DIR).save_pretrained(NEW_DIR)")
   if kind == "safetensors":
     _check_held(claimed, sum(_safetensors_values(f) for f in files), files, what)
     tensors = {}
@@ -205,7 +211,7 @@ def load_hf(path: str, *, max_params: int | None = None,
   # Before any weight is read or anything built: the claim under the ceiling, then (in
   # read_hf_tensors) backed by the files.
   claimed, what = layout.check_claim(hf_config, config_file, max_params)
-  tensors = read_hf_tensors(path, claimed, what)
+  tensors = read_hf_tensors(path, claimed, what, torch_files=layout.reads_torch_files)
   # The parameter dtype is the checkpoint's: that of its embedding table.
   probe = layout.config_from_hf(hf_config, tensors)
   embedding = tensors.get(layout.embedding_name(probe))

@@ -97,6 +97,8 @@ class HFLayout:
   model_types: ClassVar[tuple[str, ...]] = ()
   size_fields: ClassVar[tuple[str, ...]] = ()
   """config.json keys that must be positive integers (checked before anything is built)."""
+  reads_torch_files: ClassVar[bool] = False
+  """Whether legacy pytorch_model.bin weights are read (weights_only); else safetensors only."""
 
   def config_to_hf(self, config: ModelConfig) -> dict:
     raise NotImplementedError

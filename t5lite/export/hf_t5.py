@@ -173,6 +173,7 @@ def weight_map(config: ModelConfig) -> list[Entry]:
 class T5Layout(HFLayout):
   """T5 v1.0 / v1.1 / mT5 (`T5ForConditionalGeneration`)."""
   model_types = ("t5", "mt5")
+  reads_torch_files = True  # legacy T5 checkpoints ship pytorch_model.bin only
 
   def config_to_hf(self, config: ModelConfig) -> dict:
     return config_to_hf(config)

@@ -218,8 +218,9 @@ def token_loss_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array | 
 
 
 def attention_params(config: ModelConfig) -> int:
-  """Q, K, V and output projections of one attention block."""
-  return 4 * config.d_model * config.num_heads * config.d_kv
+  """Q, K, V and output projections of one attention block (K and V over the key/value heads
+  of grouped-query attention)."""
+  return 2 * config.d_model * config.d_kv * (config.num_heads + config.kv_heads)
 
 
 def mlp_params(config: ModelConfig) -> int:

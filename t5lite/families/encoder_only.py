@@ -3,13 +3,20 @@
 Batches (EncoderOnlyFeatureConverter): encoder_input_tokens (masked) and mlm_target_tokens /
 mlm_loss_weights (the original tokens; weight 1 where a token was chosen for prediction). The
 loss is token cross entropy over the chosen positions. It has no decoder: nothing to generate.
+
+A model with a sentence head (ModelConfig.sentence_classes: BERT's next-sentence, ALBERT's
+sentence-order prediction) adds, when the batch holds `sentence_labels` (B,), the mean cross
+entropy of the pooled first token's classes, as HF's BertForPreTraining sums the two means.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
+import jax
+import jax.numpy as jnp
+
 from t5lite.data import converters, pretraining
-from t5lite.families.base import Family, attention_params, mlp_params
+from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
 from t5lite.families.registry import register
 
 
@@ -30,11 +37,42 @@ class EncoderOnlyFamily(Family):
     mask_id = vocabulary.vocab_size - 1 if vocabulary.extra_ids else 2
     return pretraining.mlm_preprocessors(mask_id=mask_id)
 
+  def loss_fn(self, params, batch, rng):
+    """Token cross entropy over the MLM positions; plus, with a sentence head and
+    `sentence_labels` in the batch, the sentence head's mean cross entropy (its sum, scaled by
+    this batch's normalizer / rows, so that loss = MLM mean + sentence mean as in HF)."""
+    if not (self.config.sentence_classes and "sentence_labels" in batch):
+      return super().loss_fn(params, batch, rng)
+    dropout = rng is not None and self.config.dropout_rate > 0
+    model = self.make_model(enable_dropout=dropout)
+    logits, sentence = model.apply({"params": params}, **self.model_inputs(batch),
+                                   with_sentence_logits=True,
+                                   rngs={"dropout": rng} if dropout else None)
+    target_key, weight_key, segment_key = self.target_features
+    loss_sum, sums = token_loss_sums(logits, batch[target_key], batch.get(weight_key),
+                                     batch.get(segment_key), self.loss)
+    labels = batch["sentence_labels"].astype(jnp.int32)  # (B,)
+    log_probs = jax.nn.log_softmax(sentence.astype(jnp.float32))  # (B, C)
+    sentence_nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+    rows = jnp.asarray(labels.shape[0], jnp.float32)
+    loss_sum = loss_sum + jnp.sum(sentence_nll) * sums["normalizer"] / rows
+    sums = dict(sums, sentence_loss=jnp.sum(sentence_nll), sentence_rows=rows,
+                sentence_correct=jnp.sum(jnp.argmax(sentence, -1) == labels).astype(jnp.float32))
+    return loss_sum, sums
+
+  def metrics(self, sums, normalizer):
+    out = super().metrics(sums, normalizer)
+    if "sentence_rows" in sums:
+      out["sentence_loss"] = sums["sentence_loss"] / sums["sentence_rows"]
+      out["sentence_accuracy"] = sums["sentence_correct"] / sums["sentence_rows"]
+    return out
+
   def flops_per_example(self, lengths: Mapping[str, int]) -> float:
     """One stack over the L input positions, the output projection at every position (MLM
     targets are aligned with the inputs): 6*[P_enc*L + d*V*L] + 12*h*d_kv*n_enc*L^2."""
     c = self.config
     length = lengths["encoder_input_tokens"]
-    p_enc = c.num_encoder_layers * (attention_params(c) + mlp_params(c))
-    return float(6 * (p_enc + c.d_model * c.vocab_size) * length
-                 + 12 * c.num_heads * c.d_kv * c.num_encoder_layers * length**2)
+    layers = c.num_encoder_layers * c.layer_repeats  # shared layers still run at every slot
+    p_enc = layers * (attention_params(c) + mlp_params(c))
+    return float(6 * (p_enc + c.embedding_width * c.vocab_size) * length
+                 + 12 * c.num_heads * c.d_kv * layers * length**2)
