@@ -24,13 +24,30 @@ VARIANTS = {
     "encoder_only_learned": tiny(architecture="encoder_only", position_encoding="learned",
                                  norm="layer", mlp_activation="gelu", tie_output_embedding=True,
                                  scale_logits=True, max_position_embeddings=64),
+    "bert_post_norm": tiny(architecture="encoder_only", family="bert", norm="layer",
+                           norm_position="post", use_bias=True, scale_attention=True,
+                           mlp_activation="gelu_exact", position_encoding="learned",
+                           max_position_embeddings=64, type_vocab_size=2, embedding_norm=True,
+                           embedding_size=16, tie_output_embedding=True, pooler=True,
+                           sentence_classes=2),
+    "gpt2_style": tiny(architecture="decoder_only", family="gpt2", norm="layer",
+                       use_bias=True, scale_attention=True, position_encoding="learned",
+                       max_position_embeddings=64, mlp_activation="gelu",
+                       tie_output_embedding=True),
+    "llama_style_gqa": tiny(architecture="decoder_only", family="llama", num_heads=4,
+                            num_key_value_heads=2, position_encoding="rope",
+                            mlp_activation="swiglu", scale_attention=True),
+    "vaswani_post_norm": tiny(norm="layer", norm_position="post", use_bias=True,
+                              scale_attention=True, mlp_activation="relu",
+                              position_encoding="sinusoidal_interleaved", scale_embeddings=True,
+                              tie_output_embedding=True),
 }
 
 # The other encoder-decoder options (T5 v1.0's ReLU and tied logits, sinusoidal + ReGLU, RoPE
 # + LayerNorm) of the per-variant checks run in `make test`; `make test-fast` keeps a variant
 # per family.
 FAST_VARIANTS = ("t5_v1_1", "decoder_only_rope_swiglu", "decoder_only_prefix_lm",
-                 "encoder_only_learned")
+                 "encoder_only_learned", "bert_post_norm")
 VARIANT_PARAMS = [name if name in FAST_VARIANTS else pytest.param(name, marks=pytest.mark.slow)
                   for name in sorted(VARIANTS)]
 
@@ -264,7 +281,8 @@ def test_t5_v1_1_param_counts_match_published_and_hf(gin_size, published):
   assert ours == hf_count
 
 
-LOGICAL_NAMES = {"embed", "mlp", "heads", "kv", "vocab", "relpos_buckets", "layers", None}
+LOGICAL_NAMES = {"embed", "mlp", "heads", "kv", "vocab", "relpos_buckets", "classes", "layers",
+                 None}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

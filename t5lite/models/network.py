@@ -141,7 +141,7 @@ class EncoderOnly(_Model):
       self.pooler = dense(cfg, (d,), (d,), ("embed", "mlp"), d ** -0.5, "pooler", use_bias=True)
     if cfg.sentence_classes:
       self.sentence_classifier = dense(cfg, (cfg.d_model,), (cfg.sentence_classes,),
-                                       ("embed", None), cfg.d_model ** -0.5,
+                                       ("embed", "classes"), cfg.d_model ** -0.5,
                                        "sentence_classifier", use_bias=True)
 
   def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,

@@ -120,6 +120,7 @@ def logical_axis_rules(fsdp: bool = False) -> LogicalRules:
       ("kv", None),
       ("length", None),
       ("relpos_buckets", None),
+      ("classes", None),  # a sentence head's few classes: replicated
       ("layers", None),  # scanned stacks: every device holds every layer (of its shard)
       ("embed", "fsdp" if fsdp else None),  # params only: activations lost 'fsdp' to batch
   ]

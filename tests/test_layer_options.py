@@ -1,0 +1,172 @@
+"""The layer options of the landmark models against independent references: the original
+Transformer against torch.nn's post-norm layers, interleaved sinusoids against numpy,
+grouped-query attention against repeated key/value heads, ALBERT's sharing against one layer
+applied in a loop. (BERT, RoBERTa, ALBERT, GPT-2 and LLaMA are checked against HF
+transformers in test_hf_encoders.py and test_hf_decoders.py.)"""
+import jax
+import numpy as np
+import pytest
+import torch
+
+import t5lite
+from helpers import tiny
+from t5lite.errors import ConfigError
+from t5lite.models import count_params, init_params
+from t5lite.models.positions import interleaved_sinusoidal_embedding
+
+VASWANI = dict(norm="layer", layer_norm_epsilon=1e-5, norm_position="post", use_bias=True,
+               scale_attention=True, mlp_activation="relu",
+               position_encoding="sinusoidal_interleaved", scale_embeddings=True,
+               tie_output_embedding=True)
+
+
+@pytest.mark.parametrize("features", [7, 10])
+def test_interleaved_sinusoids_equal_the_papers_formula(features):
+  positions = np.array([[0, 1, 5, 63]])
+  ours = np.asarray(interleaved_sinusoidal_embedding(positions, features))
+  want = np.zeros((1, 4, features))
+  for p, pos in enumerate(positions[0]):
+    for j in range(features):
+      angle = pos / 10000 ** (2 * (j // 2) / features)
+      want[0, p, j] = np.sin(angle) if j % 2 == 0 else np.cos(angle)
+  np.testing.assert_allclose(ours, want, atol=2e-6)
+
+
+def _linear(weight_in_out, bias):
+  return torch.tensor(np.asarray(weight_in_out).T.copy()), torch.tensor(np.asarray(bias))
+
+
+def _copy_attention(mha: torch.nn.MultiheadAttention, p):
+  d = mha.embed_dim
+  w = [np.asarray(p[n]["kernel"]).reshape(d, -1) for n in ("query", "key", "value")]
+  b = [np.asarray(p[n]["bias"]).reshape(-1) for n in ("query", "key", "value")]
+  mha.in_proj_weight.copy_(torch.tensor(np.concatenate(w, 1).T.copy()))
+  mha.in_proj_bias.copy_(torch.tensor(np.concatenate(b)))
+  mha.out_proj.weight.copy_(torch.tensor(np.asarray(p["out"]["kernel"]).reshape(-1, d).T.copy()))
+  mha.out_proj.bias.copy_(torch.tensor(np.asarray(p["out"]["bias"])))
+
+
+def _copy_norm(norm: torch.nn.LayerNorm, p):
+  norm.weight.copy_(torch.tensor(np.asarray(p["scale"])))
+  norm.bias.copy_(torch.tensor(np.asarray(p["bias"])))
+
+
+def _copy_mlp(layer, p):
+  for torch_linear, ours in ((layer.linear1, p["wi"]), (layer.linear2, p["wo"])):
+    w, b = _linear(ours["kernel"], ours["bias"])
+    torch_linear.weight.copy_(w)
+    torch_linear.bias.copy_(b)
+
+
+def _perturbed(params, seed=1):
+  """Params with every leaf moved a little, so that zero biases and unit norms are tested."""
+  leaves, tree = jax.tree.flatten(params)
+  rng = np.random.RandomState(seed)
+  return jax.tree.unflatten(tree, [np.asarray(x) + 0.1 * rng.standard_normal(x.shape)
+                                   .astype(np.float32) for x in leaves])
+
+
+@torch.no_grad()
+def test_original_transformer_equals_torch_post_norm_layers():
+  """Encoder-decoder, post-norm, biases, ReLU, interleaved sinusoids, embeddings times
+  sqrt(d), tied output: torch.nn.TransformerEncoderLayer / DecoderLayer (norm_first=False)
+  stacked without final norms, as in the paper."""
+  config = tiny(vocab_size=61, d_model=24, d_ff=40, num_heads=3, d_kv=8, num_encoder_layers=2,
+                num_decoder_layers=3, **VASWANI)
+  params = _perturbed(init_params(config, 0))
+  d = config.d_model
+  make = dict(d_model=d, nhead=3, dim_feedforward=40, dropout=0.0, batch_first=True,
+              layer_norm_eps=1e-5)
+  encoder = [torch.nn.TransformerEncoderLayer(**make).eval() for _ in range(2)]
+  decoder = [torch.nn.TransformerDecoderLayer(**make).eval() for _ in range(3)]
+  for i, layer in enumerate(encoder):
+    p = params["encoder"][f"layers_{i}"]
+    _copy_attention(layer.self_attn, p["attention"])
+    _copy_norm(layer.norm1, p["post_attention_layer_norm"])
+    _copy_mlp(layer, p["mlp"])
+    _copy_norm(layer.norm2, p["post_mlp_layer_norm"])
+  for i, layer in enumerate(decoder):
+    p = params["decoder"][f"layers_{i}"]
+    _copy_attention(layer.self_attn, p["self_attention"])
+    _copy_norm(layer.norm1, p["post_self_attention_layer_norm"])
+    _copy_attention(layer.multihead_attn, p["encoder_decoder_attention"])
+    _copy_norm(layer.norm2, p["post_cross_attention_layer_norm"])
+    _copy_mlp(layer, p["mlp"])
+    _copy_norm(layer.norm3, p["post_mlp_layer_norm"])
+  embedding = np.asarray(params["token_embedder"]["embedding"])
+  rng = np.random.RandomState(0)
+  enc, dec = rng.randint(0, 61, (2, 13)), rng.randint(0, 61, (2, 9))
+
+  def embed(ids):
+    pe = np.asarray(interleaved_sinusoidal_embedding(np.arange(ids.shape[1])[None], d))
+    return torch.tensor(embedding[ids] * d ** 0.5 + pe, dtype=torch.float32)
+
+  x = embed(enc)
+  for layer in encoder:
+    x = layer(x)
+  y = embed(dec)
+  causal = torch.nn.Transformer.generate_square_subsequent_mask(dec.shape[1])
+  for layer in decoder:
+    y = layer(y, x, tgt_mask=causal, tgt_is_causal=True)
+  want = (y @ torch.tensor(embedding).T).numpy()
+  ours = t5lite.logits(config, params, enc, dec)
+  assert np.abs(ours - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_grouped_query_attention_equals_repeated_key_value_heads():
+  """num_key_value_heads=2 of 6 query heads: the same logits as 6 key/value heads whose
+  kernels repeat each grouped head 3 times (HF's repeat_kv order), with and without RoPE."""
+  for position_encoding in ("rope", "learned"):
+    gqa = tiny(architecture="decoder_only", num_encoder_layers=0, num_heads=6, d_kv=4,
+               num_key_value_heads=2, position_encoding=position_encoding,
+               mlp_activation="swiglu", scale_attention=True, max_position_embeddings=32)
+    full = gqa.replace(num_key_value_heads=0)
+    params = init_params(gqa, 0)
+    assert params["decoder"]["layers_0"]["attention"]["key"]["kernel"].shape == (32, 2, 4)
+    wide = jax.tree.map(lambda x: x, params)
+    for i in range(gqa.num_decoder_layers):
+      attention = dict(wide["decoder"][f"layers_{i}"]["attention"])
+      for name in ("key", "value"):
+        attention[name] = {"kernel": np.repeat(attention[name]["kernel"], 3, axis=1)}
+      wide["decoder"][f"layers_{i}"] = dict(wide["decoder"][f"layers_{i}"], attention=attention)
+    tokens = np.random.RandomState(0).randint(0, 128, (2, 11))
+    np.testing.assert_allclose(t5lite.logits(gqa, params, tokens),
+                               t5lite.logits(full, wide, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_shared_layers_are_one_layer_applied_at_every_slot():
+  """ALBERT sharing: 4 layer slots over 2 groups of 2 layers (8 layer applications, 4 sets
+  of params) equal the unshared model whose slots 0-1 run group 0 and 2-3 group 1."""
+  shared = tiny(architecture="encoder_only", num_decoder_layers=0, num_encoder_layers=4,
+                shared_layer_groups=2, layers_per_group=2, norm="layer", norm_position="post",
+                use_bias=True, position_encoding="learned", max_position_embeddings=32,
+                embedding_size=12, embedding_norm=True, tie_output_embedding=True)
+  params = init_params(shared, 0)
+  assert sorted(k for k in params["encoder"] if k.startswith("groups_")) == [
+      "groups_0_0", "groups_0_1", "groups_1_0", "groups_1_1"]
+  unshared = shared.replace(shared_layer_groups=0, layers_per_group=1, num_encoder_layers=8)
+  layers = {f"layers_{i}": params["encoder"][f"groups_{i // 4}_{i % 2}"] for i in range(8)}
+  other = {k: v for k, v in params["encoder"].items() if not k.startswith("groups_")}
+  unshared_params = dict(params, encoder={**other, **layers})
+  tokens = np.random.RandomState(0).randint(0, 128, (2, 9))
+  np.testing.assert_allclose(t5lite.logits(shared, params, tokens),
+                             t5lite.logits(unshared, unshared_params, tokens), rtol=1e-5,
+                             atol=1e-5)
+  assert count_params(shared) < count_params(unshared)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(architecture="decoder_only", embedding_size=16), "encoder-only option"),
+    (dict(architecture="decoder_only", pooler=True), "encoder-only option"),
+    (dict(num_heads=4, num_key_value_heads=3), "must divide num_heads"),
+    (dict(architecture="encoder_only", num_encoder_layers=3, shared_layer_groups=2),
+     "must divide num_encoder_layers"),
+    (dict(architecture="encoder_only", shared_layer_groups=1, scan_layers=True),
+     "scan_layers=False"),
+    (dict(architecture="encoder_only", sentence_classes=2), "needs pooler=True"),
+    (dict(norm_position="middle"), "norm_position"),
+    (dict(layers_per_group=0), "layers_per_group"),
+])
+def test_impossible_layer_options_are_named(changes, message):
+  with pytest.raises(ConfigError, match=message):
+    tiny(**changes)
