@@ -87,8 +87,8 @@ class ModelConfig:
   """Base of the rotary frequencies."""
   embedding_size: int = 0
   """Factorized embeddings (ALBERT, ELECTRA): token, position and type embeddings of this
-  width, a norm there, then a dense projection to d_model; the MLM head projects back to it.
-  0: d_model (no projection). Encoder-only models."""
+  width, a norm there, then a dense projection to d_model (even when the widths are equal, as
+  ALBERT's); the MLM head projects back to it. 0: width d_model, no projection. Encoder-only."""
   type_vocab_size: int = 0
   """Token-type (segment A/B) embeddings added to the token embeddings (BERT: 2). 0: none."""
   embedding_norm: bool = False

@@ -165,7 +165,7 @@ class _Stack(nn.Module):
     if cfg.embedding_norm:
       x = Norm(cfg, name="embedding_norm")(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
-    if cfg.embedding_width != cfg.d_model:  # ALBERT / ELECTRA: E -> H
+    if cfg.embedding_size:  # ALBERT / ELECTRA: E -> H (ALBERT projects even when E == H)
       e = cfg.embedding_width
       x = dense(cfg, (e,), (cfg.d_model,), (None, "embed"), e ** -0.5,
                 "embedding_projection")(x)
