@@ -32,7 +32,6 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # load_hf overrides may change how a model runs, never what it is.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "dropout_rate")
 
@@ -88,7 +87,7 @@ def _read_torch_files(paths: list[str]) -> dict[str, np.ndarray]:
     for key, value in state.items():
       if not isinstance(value, torch.Tensor):  # weights_only still allows ints, lists, dicts
         raise ConfigError(f"{path}: entry {key!r} is not a tensor (a {type(value).__name__})")
-    tensors.update(_check_dtypes({k: _torch_to_numpy(v) for k, v in state.items()}, path))
+    tensors.update({k: _torch_to_numpy(v) for k, v in state.items()})
   return tensors
 
 
@@ -131,15 +130,6 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   except Exception as e:  # safetensors raises its own SafetensorError and OSErrors
     raise ConfigError(f"{path} cannot be read (truncated or corrupted?): "
                       f"{type(e).__name__}: {e}") from e
-  return _check_dtypes(tensors, path)
-
-
-def _check_dtypes(tensors: dict[str, np.ndarray], path: str) -> dict[str, np.ndarray]:
-  bad = {k: str(v.dtype) for k, v in tensors.items() if str(v.dtype) not in FLOAT_DTYPES}
-  if bad:
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    raise ConfigError(f"{path}: model weights are floating point; these are not: "
-                      f"{dict(list(bad.items())[:5])}{more}")
   return tensors
 
 
@@ -212,6 +202,7 @@ def load_hf(path: str, *, max_params: int | None = None,
   # read_hf_tensors) backed by the files.
   claimed, what = layout.check_claim(hf_config, config_file, max_params)
   tensors = read_hf_tensors(path, claimed, what, torch_files=layout.reads_torch_files)
+  tensors = layout.checkpoint_tensors(tensors)
   # The parameter dtype is the checkpoint's: that of its embedding table.
   probe = layout.config_from_hf(hf_config, tensors)
   embedding = tensors.get(layout.embedding_name(probe))

@@ -38,6 +38,7 @@ from t5lite.models.params import Params, abstract_params, scan_params, unscan_pa
 
 Path = tuple[str, ...]
 KINDS = ("linear", "conv1d", "vector", "as_is")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,11 @@ class HFLayout:
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
     raise NotImplementedError
+
+  def checkpoint_tensors(self, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """The checkpoint's tensors under the names weight_map uses (a layout whose published
+    checkpoints use other names renames them here)."""
+    return tensors
 
   def embedding_name(self, config: ModelConfig) -> str:
     """The HF tensor whose dtype is the checkpoint's parameter dtype."""
@@ -211,6 +217,8 @@ def params_from_hf(layout: HFLayout, config: ModelConfig,
       raise ConfigKeyError(f"HF checkpoint lacks tensor {e.hf!r} needed for "
                            f"{' + '.join('/'.join(p) for p in e.ours)}{hint}")
     w = np.asarray(tensors[e.hf])
+    if str(w.dtype) not in FLOAT_DTYPES:  # buffers the layout does not read may be ints/bools
+      raise ConfigError(f"HF tensor {e.hf!r} is {w.dtype}; model weights are floating point")
     want = [tuple(shapes[p].shape) for p in e.ours]
     if w.shape != e.hf_shape(want):
       raise ConfigError(f"HF tensor {e.hf!r} has shape {w.shape}, expected {e.hf_shape(want)} "

@@ -92,10 +92,18 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   returned `step` too, so that a loop over `step` slices in its body. Call under jit."""
   config = decoding_config(config)
   inputs = inputs.astype(jnp.int32)
-  longest = max_decode_length + (0 if config.has_encoder else inputs.shape[1] + 1)
-  if config.position_encoding == "learned" and longest > config.max_position_embeddings:
-    raise ConfigError(f"decoding reaches position {longest - 1}, past the learned position "
-                      f"table of {config.max_position_embeddings}")
+  # Positions that get fed: the start token and all outputs but the last (never fed back),
+  # after a decoder-only model's BOS + prompt: max_decode_length (+ L) of them. Past the
+  # learned table, jnp.take would clamp silently, so it is an error.
+  longest = max_decode_length + (0 if config.has_encoder else inputs.shape[1])
+  if (config.position_encoding == "learned"
+      and longest + config.position_offset > config.max_position_embeddings):
+    after = "" if config.has_encoder else f" after BOS and a prompt of {inputs.shape[1]}"
+    raise ConfigError(f"decoding max_decode_length={max_decode_length} tokens{after} reaches "
+                      f"position {longest - 1 + config.position_offset}, past the learned "
+                      f"position table of max_position_embeddings="
+                      f"{config.max_position_embeddings}: decode fewer tokens or shorten the "
+                      "prompts")
   if config.architecture == "encoder_decoder":
     model = make_model(config, cache_length=max_decode_length)
     encoder_segment_ids = (inputs > 0).astype(jnp.int32)  # the encoder masks padding, as T5X
