@@ -41,8 +41,9 @@ def test_model_file_builds_abstractly(path):
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
   if path in PUBLISHED:
     assert count_params(shapes) == PUBLISHED[path]
-  scanned = abstract_params(config.replace(scan_layers=True))
-  assert count_params(scanned) == count_params(shapes)
+  if not config.shared_layer_groups:  # shared layers (ALBERT) run as a loop, never scanned
+    scanned = abstract_params(config.replace(scan_layers=True))
+    assert count_params(scanned) == count_params(shapes)
 
 
 def test_bindings_override_files_and_bare_words_are_strings():
