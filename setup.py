@@ -28,6 +28,9 @@ setup(
         "grain>=0.2.18",
         "tensorflow-datasets>=4.9.10",
         "sentencepiece>=0.2.0",
+        # WordPiece / byte-level BPE vocabularies (t5lite/data/hf_vocabularies.py): 0.15.2,
+        # 0.19.1, 0.20.0 and 0.23.3 train identical vocabularies and give identical ids.
+        "tokenizers>=0.15.2",
         "gin-config>=0.5.0",
         "numpy>=2.0",
         "safetensors>=0.6.0",

@@ -5,9 +5,21 @@ local TFDS array_record dataset `t5lite_stdlib_docs` (train / validation, 1 in 2
 held out by a hash of its name), and a SentencePiece vocabulary is trained on the train
 split and cached beside it (`spiece.model`). Both live in $T5LITE_DATA_DIR (default
 ~/.cache/t5lite/data), under the Python version, since docstrings change between versions.
+The GPT-2 and BERT tasks train their own vocabularies on the same train split, on first use
+of each, and cache them beside spiece.model as t5lite vocabulary folders
+(`byte_level_bpe_4000/`, `wordpiece_4000/`; `t5lite.data.vocabularies.load_vocabulary`
+reads them, and `t5lite export hf` writes them as HF tokenizer files).
 
   stdlib_span_corruption    T5 span corruption pretraining on every document
   stdlib_docstring_summary  a docstring's body -> its first line, scored by ROUGE
+  stdlib_lm                 GPT-2 style causal LM: byte-level BPE (LM_VOCAB_SIZE ids,
+                            <|endoftext|> = 0 after each document), documents concatenated
+                            and split into `targets`-length pieces (decoder-only models)
+  stdlib_mlm                BERT MLM: WordPiece (MLM_VOCAB_SIZE ids, lower-cased; [PAD] 0,
+                            [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4), documents concatenated and
+                            split into `[CLS] piece [SEP]` of `inputs` tokens, 15% of the
+                            other tokens chosen (80% [MASK], 10% random, 10% kept), new masks
+                            every epoch (encoder-only models)
 """
 from __future__ import annotations
 
@@ -20,12 +32,15 @@ import sys
 
 from t5lite.data import atomic
 from t5lite.data import preprocessors as pp
-from t5lite.data.pretraining import span_corruption_preprocessors
+from t5lite.data.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.pretraining import (causal_lm_preprocessors, mlm_preprocessors,
+                                     span_corruption_preprocessors)
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
 from t5lite.data.sources import TfdsSource, prepare_tfds_dataset
 from t5lite.data.tfds_source import is_prepared_dir
 from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.data.vocabularies import SentencePieceVocabulary, train_sentencepiece
+from t5lite.data.vocabularies import (SentencePieceVocabulary, Vocabulary, load_vocabulary as
+                                      load_vocabulary_dir, train_sentencepiece)
 from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 
@@ -36,6 +51,10 @@ VERSION = "1.0.0"
 VOCAB_PIECES = 2000  # small: a CPU demo spends less time in the softmax
 EXTRA_IDS = 100
 HOLDOUT = 20  # 1 in 20 documents goes to validation
+# Small, as VOCAB_PIECES: the CPU demos' softmax. A model's vocab_size must be >= these
+# (gin/models/bert/tiny.gin and llama_style/tiny.gin have 4096, decoder_only/tiny.gin 32128).
+LM_VOCAB_SIZE = 4000   # stdlib_lm's byte-level BPE: <|endoftext|>, 256 bytes, 3743 merges
+MLM_VOCAB_SIZE = 4000  # stdlib_mlm's WordPiece: 5 specials, ##-symbols, alphabet, pieces
 
 
 def data_dir() -> str:
@@ -78,11 +97,46 @@ def prepare() -> str:
           description="Docstrings and reference topics of the Python standard library.")
     model_path = os.path.join(directory, "spiece.model")
     if not _is_model(model_path):
-      documents = documents or stdlib_documents()
-      model = train_sentencepiece([d["text"] for d in documents if not _is_validation(d["name"])],
-                                  VOCAB_PIECES)
+      model = train_sentencepiece(_train_texts(documents), VOCAB_PIECES)
       atomic.write_file(model_path, model)
   return directory
+
+
+def _train_texts(documents=None) -> list[str]:
+  return [d["text"] for d in documents or stdlib_documents() if not _is_validation(d["name"])]
+
+
+def _is_vocabulary(path: str) -> bool:
+  """Whether path holds a loadable vocabulary folder (vocabulary.json and its files)."""
+  try:
+    load_vocabulary_dir(path)
+  except (ConfigError, OSError):
+    return False
+  return True
+
+
+def _prepared_vocabulary(name: str, train) -> Vocabulary:
+  """The vocabulary folder `name` beside spiece.model, trained by train(texts) on the train
+  split once: built in a temporary folder and renamed into place (t5lite.data.atomic), so a
+  build killed halfway is rebuilt by the next call, as spiece.model is."""
+  directory = prepare()
+  target = os.path.join(directory, name)
+  if not _is_vocabulary(target):
+    with _lock(directory):
+      atomic.build_dir(target, lambda tmp: train(_train_texts()).save(tmp), _is_vocabulary)
+  return load_vocabulary_dir(target)
+
+
+def load_lm_vocabulary() -> Vocabulary:
+  """stdlib_lm's byte-level BPE (GPT-2's layout: <|endoftext|> is eos, bos and unk)."""
+  return _prepared_vocabulary(f"byte_level_bpe_{LM_VOCAB_SIZE}",
+                              lambda texts: train_byte_level_bpe(texts, LM_VOCAB_SIZE))
+
+
+def load_mlm_vocabulary() -> Vocabulary:
+  """stdlib_mlm's WordPiece (BERT's uncased layout)."""
+  return _prepared_vocabulary(f"wordpiece_{MLM_VOCAB_SIZE}",
+                              lambda texts: train_wordpiece(texts, MLM_VOCAB_SIZE))
 
 
 def _remove_leftovers(directory: str) -> None:
@@ -119,6 +173,15 @@ def source(split: str) -> TfdsSource:
 
 VOCABULARY = LazyVocabulary(load=load_vocabulary, description="the embedded stdlib vocabulary")
 FEATURES = {"inputs": Feature(VOCABULARY), "targets": Feature(VOCABULARY)}
+LM_VOCABULARY = LazyVocabulary(load=load_lm_vocabulary,
+                               description="the embedded stdlib byte-level BPE vocabulary")
+MLM_VOCABULARY = LazyVocabulary(load=load_mlm_vocabulary,
+                                description="the embedded stdlib WordPiece vocabulary")
+# stdlib_lm: add_eos puts <|endoftext|> after each document before they are concatenated, as
+# GPT-2's training text separates documents. stdlib_mlm: [CLS] / [SEP] instead of an EOS.
+LM_FEATURES = {"targets": Feature(LM_VOCABULARY, add_eos=True)}
+MLM_FEATURES = {"inputs": Feature(MLM_VOCABULARY, add_eos=False),
+                "targets": Feature(MLM_VOCABULARY, add_eos=False)}
 SOURCES = {split: functools.partial(source, split) for split in ("train", "validation")}
 
 
@@ -145,14 +208,21 @@ def strip(text: str, example=None, is_target: bool = False) -> str:
 
 def register() -> None:
   """Registers the embedded tasks (idempotent)."""
-  if "stdlib_span_corruption" in TaskRegistry.names():
-    return
-  add_task("stdlib_span_corruption", SOURCES, FEATURES,
-           [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
-            *span_corruption_preprocessors()])
-  add_task("stdlib_docstring_summary", SOURCES, FEATURES,
-           [docstring_summary, pp.tokenize, CACHE_POINT, pp.append_eos_after_trim],
-           postprocess_fn=strip, metric_fns=[metrics.rouge])
+  names = TaskRegistry.names()
+  if "stdlib_span_corruption" not in names:
+    add_task("stdlib_span_corruption", SOURCES, FEATURES,
+             [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
+              *span_corruption_preprocessors()])
+    add_task("stdlib_docstring_summary", SOURCES, FEATURES,
+             [docstring_summary, pp.tokenize, CACHE_POINT, pp.append_eos_after_trim],
+             postprocess_fn=strip, metric_fns=[metrics.rouge])
+  if "stdlib_lm" not in names:
+    add_task("stdlib_lm", SOURCES, LM_FEATURES,
+             [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, pp.append_eos,
+              *causal_lm_preprocessors()])
+    add_task("stdlib_mlm", SOURCES, MLM_FEATURES,
+             [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
+              *mlm_preprocessors(add_cls_sep=True, vocabulary_specials=True)])
 
 
 register()

@@ -72,6 +72,17 @@ class LazyVocabulary(Vocabulary):
   def _base_vocab_size(self) -> int:
     return self.vocabulary.vocab_size - self.vocabulary.extra_ids
 
+  # The special ids too: the class attributes inherited from Vocabulary are T5's, which a
+  # WordPiece or byte-level BPE vocabulary (t5lite.data.hf_vocabularies) does not share.
+  pad_id = property(lambda self: self.vocabulary.pad_id)
+  eos_id = property(lambda self: self.vocabulary.eos_id)
+  unk_id = property(lambda self: self.vocabulary.unk_id)
+  bos_id = property(lambda self: self.vocabulary.bos_id)
+  mask_id = property(lambda self: self.vocabulary.mask_id)
+  cls_id = property(lambda self: self.vocabulary.cls_id)
+  sep_id = property(lambda self: self.vocabulary.sep_id)
+  special_tokens = property(lambda self: self.vocabulary.special_tokens)
+
   def _encode_many(self, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in self.vocabulary.encode_batch(texts)]
 

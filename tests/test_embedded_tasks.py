@@ -1,5 +1,7 @@
 """The embedded default tasks (stdlib prose) and the `t5lite tasks` / `t5lite cache` verbs."""
+import itertools
 import json
+import os
 import re
 
 import numpy as np
@@ -7,9 +9,12 @@ import pytest
 
 import t5lite_tasks  # noqa: F401 (registers the tasks)
 from t5lite import cli
-from t5lite.data import describe, pipeline
-from t5lite.data.converters import EncDecFeatureConverter
+from t5lite.data import describe, pipeline, rows
+from t5lite.data.converters import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
+                                    EncoderOnlyFeatureConverter)
+from t5lite.data.hf_vocabularies import train_wordpiece
 from t5lite.data.registry import TaskRegistry
+from t5lite.data.vocabularies import load_vocabulary
 from t5lite_tasks import embedded
 
 LENGTHS = {"inputs": 128, "targets": 32}
@@ -63,7 +68,7 @@ def test_tasks_cli_list_show_stats(capsys):
   assert stats["examples"] == 50 and stats["inputs"]["max"] == 128
   assert 0.9 < stats["packing_efficiency"] <= 1.0
   assert cli.main(["tasks", "show", "stdlib_sumary"]) == 2
-  assert "closest: stdlib_docstring_summary" in capsys.readouterr().err
+  assert re.search(r"closest: [\w, ]*stdlib_docstring_summary", capsys.readouterr().err)
 
 
 def test_cache_cli_and_cached_training_data(tmp_path, capsys):
@@ -79,3 +84,97 @@ def test_cache_cli_and_cached_training_data(tmp_path, capsys):
     runs.append(next(pipeline.get_dataset("stdlib_span_corruption", config, converter)))
   for key in runs[0]:
     np.testing.assert_array_equal(runs[0][key], runs[1][key])
+
+
+# --- stdlib_lm (GPT-2 style) and stdlib_mlm (BERT style) ------------------------------------
+
+def test_lm_and_mlm_tasks_register_with_vocabularies_trained_and_cached():
+  assert {"stdlib_lm", "stdlib_mlm"} <= set(TaskRegistry.names())
+  lm, mlm = embedded.LM_VOCABULARY, embedded.MLM_VOCABULARY
+  assert lm.vocab_size == embedded.LM_VOCAB_SIZE == 4000
+  assert mlm.vocab_size == embedded.MLM_VOCAB_SIZE == 4000
+  assert lm.special_tokens == {"eos": 0, "unk": 0, "bos": 0} and lm.pad_id is None
+  assert mlm.special_tokens == {"pad": 0, "eos": 3, "unk": 1, "mask": 4, "cls": 2, "sep": 3}
+  directory = embedded.prepare()
+  for name, vocab in ((f"byte_level_bpe_{lm.vocab_size}", lm),
+                      (f"wordpiece_{mlm.vocab_size}", mlm)):
+    assert load_vocabulary(os.path.join(directory, name)) == vocab.vocabulary
+  text = "Return a list of the words in the string, using sep as the delimiter."
+  assert lm.decode(lm.encode(text)) == text and mlm.decode(mlm.encode(text)) == text.lower()
+  assert len(lm.encode(text)) < len(text) / 3.5 and len(mlm.encode(text)) < len(text) / 3.5
+
+
+def test_vocabulary_cache_is_built_once_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+  monkeypatch.setattr(embedded, "prepare", lambda: str(tmp_path))
+  monkeypatch.setattr(embedded, "_train_texts", lambda documents=None: ["a few words, twice"] * 2)
+  trained = []
+
+  def train(texts):
+    trained.append(1)
+    return train_wordpiece(texts, 100)
+  vocab = embedded._prepared_vocabulary("wp", train)
+  assert embedded._prepared_vocabulary("wp", train) == vocab and len(trained) == 1
+  assert sorted(os.listdir(tmp_path)) == [".lock", "wp"]  # no temporaries left
+  (tmp_path / "wp" / "vocab.txt").unlink()  # as a build killed halfway by older code
+  assert embedded._prepared_vocabulary("wp", train) == vocab and len(trained) == 2
+
+
+def test_lm_task_makes_gpt2_batches():
+  config = pipeline.PipelineConfig(global_batch_size=4, task_feature_lengths={"targets": 64})
+  batches = pipeline.get_dataset("stdlib_lm", config, DecoderOnlyFeatureConverter())
+  batch = next(batches)
+  assert batch["decoder_target_tokens"].shape == (4, 64)
+  eos_between_documents = False
+  for batch in [batch, *itertools.islice(batches, 3)]:
+    targets, segments = batch["decoder_target_tokens"], batch["decoder_segment_ids"]
+    assert 0 <= targets.min() and targets.max() < embedded.LM_VOCAB_SIZE
+    assert (segments > 0).mean() > 0.95  # concatenated pieces fill the rows
+    assert (batch["decoder_input_tokens"][:, 0] == 0).all()  # BOS 0 is <|endoftext|>
+    eos_between_documents |= bool(((targets == 0) & (segments > 0)).any())
+  assert eos_between_documents
+
+
+def mlm_rows(batch):
+  """Each packed segment's (targets, inputs, weights)."""
+  for r in range(batch["encoder_segment_ids"].shape[0]):
+    segments = batch["encoder_segment_ids"][r]
+    for s in range(1, segments.max() + 1):
+      at = segments == s
+      yield (batch["mlm_target_tokens"][r][at], batch["encoder_input_tokens"][r][at],
+             batch["mlm_loss_weights"][r][at])
+
+
+def test_mlm_task_makes_bert_batches_and_never_masks_specials():
+  config = pipeline.PipelineConfig(global_batch_size=4, task_feature_lengths={"inputs": 64})
+  batch = next(pipeline.get_dataset("stdlib_mlm", config, EncoderOnlyFeatureConverter()))
+  assert {k: v.shape for k, v in batch.items()} == {
+      k: (4, 64) for k in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
+                           "mlm_target_tokens", "mlm_loss_weights")}
+  vocab = embedded.MLM_VOCABULARY
+  for key in ("encoder_input_tokens", "mlm_target_tokens"):
+    assert 0 <= batch[key].min() and batch[key].max() < embedded.MLM_VOCAB_SIZE
+  specials = list(vocab.special_tokens.values())
+  chosen = pieces = 0
+  for targets, inputs, weights in mlm_rows(batch):
+    assert targets[0] == vocab.cls_id and targets[-1] == vocab.sep_id  # [CLS] piece [SEP]
+    special = np.isin(targets, specials)
+    assert not weights[special].any() and (inputs[special] == targets[special]).all()
+    assert ((inputs != targets) <= (weights > 0)).all()
+    chosen += weights.sum()
+    pieces += (~special).sum()
+  assert 0.13 < chosen / pieces < 0.17  # 15% of the other tokens
+
+
+def test_mlm_task_draws_new_masks_every_epoch():
+  # Two epochs of one row, unshuffled: the same documents twice, concatenated into one
+  # group, so the pieces' tokens (without [CLS] / [SEP]) are one text twice over.
+  config = pipeline.PipelineConfig(global_batch_size=8, task_feature_lengths={"inputs": 64},
+                                   split="validation", shuffle=False, num_epochs=2)
+  examples = list(rows.task_row_dataset(TaskRegistry.get("stdlib_mlm"), 0, config))
+  tokens = np.concatenate([e["targets"][1:-1] for e in examples])
+  weights = np.concatenate([e["weights"][1:-1] for e in examples])
+  half = tokens.size // 2
+  assert half > 200 and (tokens[:half] == tokens[half:]).all()
+  first, second = weights[:half] > 0, weights[half:] > 0
+  assert 0.1 < first.mean() < 0.2 and 0.1 < second.mean() < 0.2
+  assert (first & second).sum() < 0.5 * first.sum()  # other positions: not the same masks

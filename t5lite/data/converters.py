@@ -40,8 +40,10 @@ from t5lite.errors import ConfigError, ConfigKeyError
 Example = Mapping[str, Any]
 
 
-def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-  """Targets shifted right by one, with BOS 0 at each segment start and on padding.
+def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray,
+                          bos_id: int = 0) -> np.ndarray:
+  """Targets shifted right by one, with BOS (bos_id, T5's 0) at each segment start, 0 on
+  padding.
 
   targets     = [3, 9, 1, 4, 1, 0]
   segment_ids = [1, 1, 1, 2, 2, 0]
@@ -50,9 +52,12 @@ def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray) -> np.nd
   """
   targets, segment_ids = np.asarray(targets), np.asarray(segment_ids)
   out = np.zeros(targets.shape, np.int32)
-  current = segment_ids[..., 1:]
-  same = (current == segment_ids[..., :-1]) & (current > 0)
-  out[..., 1:] = np.where(same, targets[..., :-1], 0)
+  previous = np.zeros_like(segment_ids)
+  previous[..., 1:] = segment_ids[..., :-1]
+  shifted = np.zeros_like(out)
+  shifted[..., 1:] = targets[..., :-1]
+  same = (segment_ids == previous) & (segment_ids > 0)
+  out = np.where(same, shifted, np.where(segment_ids > 0, bos_id, 0)).astype(np.int32)
   return out
 
 
@@ -173,11 +178,11 @@ DECODER_KEYS = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_w
                 "decoder_segment_ids", "decoder_positions")
 
 
-def _decoder_features(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _decoder_features(row: Mapping[str, np.ndarray], bos_id: int = 0) -> dict[str, np.ndarray]:
   """Also on 2-D batches of rows, as every _to_model."""
   tokens, segment_ids = row["targets"], row["targets_segment_ids"]
   return {"decoder_target_tokens": tokens,
-          "decoder_input_tokens": autoregressive_inputs(tokens, segment_ids),
+          "decoder_input_tokens": autoregressive_inputs(tokens, segment_ids, bos_id),
           "decoder_loss_weights": (segment_ids > 0).astype(np.int32),
           "decoder_segment_ids": segment_ids, "decoder_positions": row["targets_positions"]}
 
@@ -247,6 +252,8 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
        decoder_positions        = [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0]
   """
   prefix_lm: bool = False
+  bos_id: int = 0
+  """The token at each segment start of decoder_input_tokens (ModelConfig.bos_id)."""
 
   def _required(self):
     return ("inputs", "targets") if self.prefix_lm else ("targets",)
@@ -267,7 +274,7 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
             position >= len(inputs))
 
   def _to_model(self, row):
-    out = _decoder_features(row)
+    out = _decoder_features(row, self.bos_id)
     if self.prefix_lm:
       out["decoder_loss_weights"] = row["loss"]
       out["decoder_causal_attention"] = row["causal"]

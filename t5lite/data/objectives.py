@@ -18,13 +18,17 @@ from t5lite.data.corruption import Seed
 
 def mlm(tokens: np.ndarray, *, seed: Seed, vocab_size: int, mask_id: int,
         mask_rate: float = 0.15, random_rate: float = 0.1, keep_rate: float = 0.1,
-        special_ids: Sequence[int] = (0, 1, 2)) -> dict[str, np.ndarray]:
+        special_ids: Sequence[int] = (0, 1, 2),
+        random_above_specials: bool = True) -> dict[str, np.ndarray]:
   """BERT masked LM: choose ~mask_rate of the non-special positions; of those, a fraction
   `random_rate` become a random token, `keep_rate` stay unchanged, the rest become `mask_id`.
 
   As BERT's create_pretraining_data: exactly max(1, round(mask_rate * n)) of the n non-special
   positions are chosen (none if n == 0 or mask_rate == 0), uniformly without replacement;
-  special ids are never chosen. Random tokens come from [max(special_ids) + 1, vocab_size).
+  special ids are never chosen. Random tokens come from [max(special_ids) + 1, vocab_size)
+  (T5's layout keeps its specials lowest), or with random_above_specials=False uniformly from
+  every id in [0, vocab_size) but the special ids (BERT's vocab.txt has its specials at
+  0 and 100-103, RoBERTa its <mask> on top).
   Returns int32 `inputs` (corrupted), int32 `targets` (the original tokens) and float32
   `weights` (1.0 on chosen positions, the only ones that carry loss).
   Dynamic masking (RoBERTa) = fresh masks each epoch: the caller folds the epoch into the
@@ -49,8 +53,17 @@ def mlm(tokens: np.ndarray, *, seed: Seed, vocab_size: int, mask_id: int,
   action = rng.random(count)  # < random_rate: random token; next keep_rate: keep; else mask.
   inputs[chosen[action >= random_rate + keep_rate]] = mask_id
   randomized = chosen[action < random_rate]
-  low = max(special_ids) + 1 if len(special_ids) else 0
-  inputs[randomized] = rng.integers(low, vocab_size, randomized.size, dtype=np.int32)
+  if random_above_specials:
+    low = max(special_ids) + 1 if len(special_ids) else 0
+    inputs[randomized] = rng.integers(low, vocab_size, randomized.size, dtype=np.int32)
+  else:
+    # The r-th non-special id for r drawn in [0, vocab_size - #specials): step over each
+    # special id (ascending) that the running value reaches.
+    skipped = np.unique(np.asarray([i for i in special_ids if 0 <= i < vocab_size], np.int32))
+    draws = rng.integers(0, vocab_size - skipped.size, randomized.size, dtype=np.int32)
+    for special in skipped:
+      draws += draws >= special
+    inputs[randomized] = draws
   weights[chosen] = 1.0
   return {"inputs": inputs, "targets": tokens, "weights": weights}
 

@@ -121,15 +121,26 @@ def tokenize(ex: Example, output_features, copy_pretokenized: bool = True) -> Ex
   return out
 
 
+def eos_id(feature, name: str) -> np.int32:
+  """The EOS id of a feature's vocabulary (1 in T5's layout, [SEP] for BERT's WordPiece,
+  <|endoftext|> for GPT-2's BPE); a ConfigError if it has none."""
+  eos = feature.vocabulary.eos_id
+  if eos is None:
+    raise ConfigError(f"feature {name!r} has add_eos, but its vocabulary "
+                      f"({feature.vocabulary!r}) has no EOS token: set add_eos=False")
+  return np.int32(eos)
+
+
 def append_eos(ex: Example, output_features) -> Example:
-  """Appends EOS (id 1) to features whose Feature has add_eos.
+  """Appends EOS (the vocabulary's eos_id: 1 in T5's layout) to features whose Feature has
+  add_eos.
 
   Example: {"targets": [5, 6]} -> {"targets": [5, 6, 1]}
   """
   out = dict(ex)
   for name, feature in output_features.items():
     if feature.add_eos and name in ex:
-      out[name] = np.append(np.asarray(ex[name], np.int32), np.int32(1))
+      out[name] = np.append(np.asarray(ex[name], np.int32), eos_id(feature, name))
   return out
 
 
@@ -146,7 +157,8 @@ def trim(ex: Example, sequence_length) -> Example:
 
 
 def append_eos_after_trim(ex: Example, output_features, sequence_length) -> Example:
-  """Trims to length - 1, then appends EOS, so EOS always survives (T5's choice).
+  """Trims to length - 1, then appends EOS (as append_eos), so EOS always survives (T5's
+  choice).
 
   Example: lengths {"targets": 3}: {"targets": [5, 6, 7, 8]} -> {"targets": [5, 6, 1]}
   """
@@ -158,7 +170,7 @@ def append_eos_after_trim(ex: Example, output_features, sequence_length) -> Exam
     length = sequence_length.get(name) if sequence_length else None
     if length is not None:
       tokens = tokens[:length - 1]
-    out[name] = np.append(tokens, np.int32(1))
+    out[name] = np.append(tokens, eos_id(feature, name))
   return out
 
 

@@ -7,7 +7,8 @@ Each chain follows `tokenize, CACHE_POINT` in a task whose text sits in `targets
   causal LM:       concatenate, split into `targets`-length pieces (no EOS)
   prefix LM:       concatenate, split into min(inputs, targets) - 1 tokens, random split -> EOS
                    on both (both halves always fit: the converter never cuts a token)
-  MLM:             concatenate, split into `inputs`-length pieces, BERT 80/10/10 masking
+  MLM:             concatenate, split into `inputs`-length pieces (or `[CLS] piece [SEP]`),
+                   BERT 80/10/10 masking
   text infilling:  concatenate, split, BART span infilling -> EOS on the targets
 Per-example randomness comes from the pipeline's per-example rng (deterministic, resumable);
 span corruption draws from one generator per group of 128 documents, seeded the same way.
@@ -18,7 +19,8 @@ import grain
 import numpy as np
 
 from t5lite.data import corruption as sc, objectives
-from t5lite.data.preprocessors import append_eos, stream_preprocessor
+from t5lite.data.preprocessors import append_eos, eos_id, stream_preprocessor
+from t5lite.errors import ConfigError
 
 CONCAT_GROUP = 128  # T5's reduce_concat_tokens batch size
 
@@ -66,9 +68,9 @@ def _with_seed(group, rng: np.random.Generator):
   return group, _seed(rng)
 
 
-def _with_eos(tokens: np.ndarray) -> np.ndarray:
-  """EOS (id 1) after the last axis: [[5 6]] -> [[5 6 1]]."""
-  eos = np.ones(tokens.shape[:-1] + (1,), np.int32)
+def _with_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
+  """EOS after the last axis: [[5 6]] -> [[5 6 1]] (eos_id 1, T5's)."""
+  eos = np.full(tokens.shape[:-1] + (1,), eos_id, np.int32)
   return np.concatenate([tokens, eos], axis=-1)
 
 
@@ -85,15 +87,15 @@ class _CorruptGroup(grain.experimental.FlatMapTransform):
   """
   max_fan_out = 1 << 20  # unused by IterDataset flat maps; required by the interface
 
-  def __init__(self, length: int, vocab_size: int, eos: tuple[bool, bool],
+  def __init__(self, length: int, vocab_size: int, eos: tuple[int | None, int | None],
                noise_density: float, mean_noise_span_length: float, max_length: int = 65536):
     self.length, self.eos, self.max_length = length, eos, max_length
     self.kwargs = dict(vocab_size=vocab_size, noise_density=noise_density,
                        mean_noise_span_length=mean_noise_span_length)
 
   def _example(self, inputs: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
-    return {"inputs": _with_eos(inputs) if self.eos[0] else inputs,
-            "targets": _with_eos(targets) if self.eos[1] else targets}
+    return {"inputs": inputs if self.eos[0] is None else _with_eos(inputs, self.eos[0]),
+            "targets": targets if self.eos[1] is None else _with_eos(targets, self.eos[1])}
 
   def flat_map(self, group):
     documents, seed = group
@@ -124,7 +126,9 @@ def _corrupt_groups(raw_length, noise_density: float, mean_noise_span_length: fl
   def apply(ds: grain.IterDataset, sequence_length, output_features,
             seed) -> grain.IterDataset:
     vocab_size = output_features["targets"].vocabulary.vocab_size
-    eos = tuple(name in output_features and output_features[name].add_eos
+    # Each feature's EOS id (its vocabulary's), or None where it gets none.
+    eos = tuple(int(eos_id(output_features[name], name))
+                if name in output_features and output_features[name].add_eos else None
                 for name in ("inputs", "targets"))
     # Empty documents do not count towards a group (the reference filters them first). One
     # seed per group from grain's per-element rng: deterministic and resumable.
@@ -164,16 +168,47 @@ def prefix_lm_preprocessors() -> list:
   return [select_random_chunk, concat_and_split(room), split, append_eos]
 
 
-def mlm_preprocessors(mask_id: int, **mlm_kwargs) -> list:
+def mlm_preprocessors(mask_id: int | None = None, *, add_cls_sep: bool = False,
+                      vocabulary_specials: bool = False, **mlm_kwargs) -> list:
   """BERT MLM on `inputs`-length pieces: inputs (corrupted), targets (original), weights.
 
+  mask_id: None takes the targets vocabulary's mask_id ([MASK] for BERT's WordPiece;
+    T5's <extra_id_0>, or unk without extra ids).
+  add_cls_sep: each piece is `[CLS] tokens [SEP]` (the vocabulary's cls_id and sep_id),
+    `inputs` tokens in all, as BERT's create_pretraining_data makes them.
+  vocabulary_specials: never choose any of the vocabulary's special tokens
+    (vocabulary.special_tokens, wherever their ids are) and draw random replacements from
+    all other ids, instead of objectives.mlm's special_ids (T5's 0, 1, 2) and the ids above
+    them. A BERT task wants both, so that [CLS], [SEP] (and [MASK] typed in the text) are
+    never masked nor drawn as a random token.
   Dynamic masking: the pipeline's rng differs per example and epoch, so each pass over the
   data draws new masks (RoBERTa)."""
+  if vocabulary_specials and "special_ids" in mlm_kwargs:
+    raise ConfigError("mlm_preprocessors: pass special_ids or vocabulary_specials, not both")
+
   def mask(ex, rng, output_features):
-    vocab_size = output_features["targets"].vocabulary.vocab_size
-    return objectives.mlm(ex["targets"], seed=_seed(rng), vocab_size=vocab_size,
-                          mask_id=mask_id, **mlm_kwargs)
-  return [select_random_chunk, concat_and_split(lambda lengths: lengths["inputs"]), mask]
+    vocabulary = output_features["targets"].vocabulary
+    tokens = ex["targets"]
+    if add_cls_sep:
+      if vocabulary.cls_id is None or vocabulary.sep_id is None:
+        raise ConfigError(f"mlm_preprocessors(add_cls_sep=True): the vocabulary "
+                          f"({vocabulary!r}) has no [CLS] / [SEP] token")
+      tokens = np.concatenate([[vocabulary.cls_id], tokens, [vocabulary.sep_id]])
+    kwargs = dict(mlm_kwargs)
+    if vocabulary_specials:
+      kwargs.update(special_ids=tuple(sorted(set(vocabulary.special_tokens.values()))),
+                    random_above_specials=False)
+    return objectives.mlm(tokens, seed=_seed(rng), vocab_size=vocabulary.vocab_size,
+                          mask_id=vocabulary.mask_id if mask_id is None else mask_id, **kwargs)
+
+  def room(lengths):
+    if not add_cls_sep:
+      return lengths["inputs"]
+    if lengths["inputs"] < 3:
+      raise ConfigError(f"mlm_preprocessors(add_cls_sep=True): the inputs length "
+                        f"{lengths['inputs']} leaves no room for a token between [CLS] and [SEP]")
+    return lengths["inputs"] - 2
+  return [select_random_chunk, concat_and_split(room), mask]
 
 
 def text_infilling_preprocessors(mask_id: int, **infilling_kwargs) -> list:

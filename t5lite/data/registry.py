@@ -22,7 +22,7 @@ class Feature:
   """One output feature of a task (e.g. 'inputs' or 'targets')."""
   vocabulary: Vocabulary
   add_eos: bool = True
-  """append_eos / append_eos_after_trim add EOS (id 1) to this feature."""
+  """append_eos / append_eos_after_trim add EOS (the vocabulary's eos_id) to this feature."""
   required: bool = True
   """Examples must carry it after preprocessing (the converter fails loudly otherwise)."""
 

@@ -1,9 +1,16 @@
-"""Vocabularies: text <-> int32 ids in the T5 layout (pad 0, eos 1, unk 2, extra ids on top).
+"""Vocabularies: text <-> int32 ids; here the T5 layout (pad 0, eos 1, unk 2, extra ids on top).
 
-Two kinds: SentencePieceVocabulary (T5, mT5, own models from `train_sentencepiece`) and
-ByteVocabulary (ByT5). Extra ids (span-corruption sentinels) are the highest ids, in
-reverse: `<extra_id_0>` is `vocab_size - 1`. A vocabulary saves itself to a directory
-(`vocabulary.json` + `spiece.model`) so that MODEL_DIR describes its own tokenizer.
+Two kinds here: SentencePieceVocabulary (T5, mT5, own models from `train_sentencepiece`)
+and ByteVocabulary (ByT5). Extra ids (span-corruption sentinels) are the highest ids, in
+reverse: `<extra_id_0>` is `vocab_size - 1`. BERT's WordPiece and GPT-2 / RoBERTa's
+byte-level BPE, built on HF `tokenizers`, are in hf_vocabularies.py. A vocabulary saves
+itself to a directory (`vocabulary.json` + its kind's files, e.g. `spiece.model`) so that
+MODEL_DIR describes its own tokenizer; `load_vocabulary` reads any kind back.
+
+Special tokens are part of every vocabulary's API: `pad_id`, `eos_id`, `unk_id`, `bos_id`,
+`mask_id`, `cls_id`, `sep_id` (None where the vocabulary has no such token) and
+`special_tokens` ({role: id} of those it has). The T5 layout: pad 0, eos 1, unk 2, no bos,
+cls or sep; mask is `<extra_id_0>` (the highest id) when there are extra ids, else unk.
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import itertools
 import json
 import os
 import pathlib
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -27,15 +34,32 @@ from t5lite.errors import ConfigError, ConfigFileNotFoundError
 CONFIG_FILE = "vocabulary.json"
 SPIECE_FILE = "spiece.model"
 MODEL_TYPES = ("unigram", "bpe")
+SPECIAL_ROLES = ("pad", "eos", "unk", "bos", "mask", "cls", "sep")
 
 
 class Vocabulary(abc.ABC):
-  """Maps text to int32 ids and back. Subclasses implement the _methods."""
+  """Maps text to int32 ids and back. Subclasses implement the _methods.
 
-  pad_id = 0
-  eos_id = 1
-  unk_id = 2
-  _kind: str  # "sentencepiece" or "byte": the `kind` in vocabulary.json.
+  The class attributes are T5's layout (pad 0, eos 1, unk 2; no bos, cls or sep); a
+  vocabulary of another layout overrides them (None: it has no such token). Subclasses that
+  set `_kind` are what load_vocabulary dispatches on (see _load / _load_hf_directory).
+  """
+
+  pad_id: int | None = 0
+  eos_id: int | None = 1
+  unk_id: int | None = 2
+  bos_id: int | None = None
+  cls_id: int | None = None
+  sep_id: int | None = None
+  _kind: str  # The `kind` in vocabulary.json ("sentencepiece", "byte", "wordpiece", ...).
+  _KINDS: ClassVar[dict[str, type[Vocabulary]]] = {}  # kind -> class, for load_vocabulary
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    # A kind defined in another module (hf_vocabularies.py, which imports this one) registers
+    # here: load_vocabulary cannot import it without an import cycle.
+    if "_kind" in cls.__dict__:
+      Vocabulary._KINDS[cls._kind] = cls
 
   def __init__(self, extra_ids: int = 0):
     if extra_ids < 0:
@@ -50,6 +74,19 @@ class Vocabulary(abc.ABC):
   def vocab_size(self) -> int:
     """Number of ids, extra ids included (a model's embedding may be padded beyond it)."""
     return self._base_vocab_size + self._extra_ids
+
+  @property
+  def mask_id(self) -> int | None:
+    """The MLM mask token. T5's layout has none of its own: `<extra_id_0>` (the highest id)
+    when there are extra ids, else unk (what the encoder-only family has always used)."""
+    return self.extra_id(0) if self.extra_ids else self.unk_id
+
+  @property
+  def special_tokens(self) -> dict[str, int]:
+    """{role: id} for the roles of SPECIAL_ROLES this vocabulary has, e.g. T5 with 100 extra
+    ids and 32000 pieces: {"pad": 0, "eos": 1, "unk": 2, "mask": 32099}."""
+    ids = {role: getattr(self, f"{role}_id") for role in SPECIAL_ROLES}
+    return {role: i for role, i in ids.items() if i is not None}
 
   def extra_id(self, i: int) -> int:
     """Id of `<extra_id_i>`: counted down from the top, so extra_id(0) = vocab_size - 1.
@@ -69,7 +106,8 @@ class Vocabulary(abc.ABC):
     return [np.asarray(ids, np.int32) for ids in self._encode_many(list(texts))]
 
   def decode(self, ids) -> str:
-    """1-D ids -> text. Stops at the first EOS; drops pad and ids outside the vocabulary.
+    """1-D ids -> text. Stops at the first EOS; drops pad and ids outside the vocabulary
+    (the HF kinds, hf_vocabularies.py, also every special token, as HF's decode does).
 
     Example (bytes): [107, 108, 0, 1, 107] -> "hi"  (pad skipped, stop at eos)
     """
@@ -124,6 +162,18 @@ class Vocabulary(abc.ABC):
 
   def _save_files(self, directory: pathlib.Path, config: dict) -> None:
     del directory, config  # Nothing beyond vocabulary.json by default.
+
+  @classmethod
+  def _load(cls, directory: pathlib.Path, config: dict) -> Vocabulary:
+    """The vocabulary that save() wrote into directory, given its vocabulary.json."""
+    raise NotImplementedError(f"{cls.__name__} cannot be loaded from a directory")
+
+  @classmethod
+  def _load_hf_directory(cls, directory: pathlib.Path) -> Vocabulary | None:
+    """This kind from an HF tokenizer directory (no vocabulary.json), or None if it is not
+    one of this kind's."""
+    del directory
+    return None
 
 
 class SentencePieceVocabulary(Vocabulary):
@@ -200,6 +250,10 @@ class SentencePieceVocabulary(Vocabulary):
     atomic.write_file(str(directory / SPIECE_FILE), self._model)
     config["model_file"] = SPIECE_FILE
 
+  @classmethod
+  def _load(cls, directory: pathlib.Path, config: dict) -> SentencePieceVocabulary:
+    return cls(directory / config.get("model_file", SPIECE_FILE), config["extra_ids"])
+
   # The processor is a C++ object: pickle (for grain workers) the model bytes instead.
   def __getstate__(self) -> dict:
     return dict(model=self._model, extra_ids=self.extra_ids)
@@ -237,29 +291,37 @@ class ByteVocabulary(Vocabulary):
   def _key(self) -> tuple:
     return (self.extra_ids,)
 
+  @classmethod
+  def _load(cls, directory: pathlib.Path, config: dict) -> ByteVocabulary:
+    return cls(config["extra_ids"])
+
 
 def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
-  """Reads what Vocabulary.save wrote. A directory with only spiece.model (a Hugging Face
-  T5 checkpoint) loads as SentencePieceVocabulary with 100 extra ids, like T5Tokenizer."""
+  """Reads what Vocabulary.save wrote. A directory without vocabulary.json loads as the HF
+  tokenizer it holds: spiece.model (a T5 checkpoint) as SentencePieceVocabulary with 100
+  extra ids, like T5Tokenizer; vocab.txt (BERT) or vocab.json + merges.txt (GPT-2, RoBERTa)
+  as hf_vocabularies reads them."""
   directory = pathlib.Path(directory)
   config_path = directory / CONFIG_FILE
   if not config_path.is_file():
     if (directory / SPIECE_FILE).is_file():
       return SentencePieceVocabulary(directory / SPIECE_FILE, extra_ids=100)
-    raise ConfigFileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory}")
+    for kind in Vocabulary._KINDS.values():
+      vocabulary = kind._load_hf_directory(directory)
+      if vocabulary is not None:
+        return vocabulary
+    raise ConfigFileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory} (nor an "
+                                  "HF tokenizer's vocab.txt, or vocab.json + merges.txt)")
   try:
     config = json.loads(config_path.read_text())
-    kind, extra_ids = config.get("kind"), config["extra_ids"]
+    kind, _ = config.get("kind"), config["extra_ids"]  # every kind's file has extra_ids
   except (ValueError, KeyError, AttributeError) as e:  # cut short, hand edited, not ours
     raise ConfigError(f"{config_path} is not a vocabulary.json that t5lite wrote "
                       f"({type(e).__name__}: {e})") from None
-  if kind == "byte":
-    return ByteVocabulary(extra_ids)
-  if kind == "sentencepiece":
-    model_file = directory / config.get("model_file", SPIECE_FILE)
-    return SentencePieceVocabulary(model_file, extra_ids)
-  raise ConfigError(f"{config_path}: unknown vocabulary kind {kind!r}; "
-                    "expected 'sentencepiece' or 'byte'")
+  if kind not in Vocabulary._KINDS:
+    known = ", ".join(repr(k) for k in Vocabulary._KINDS)
+    raise ConfigError(f"{config_path}: unknown vocabulary kind {kind!r}; expected one of {known}")
+  return Vocabulary._KINDS[kind]._load(directory, config)
 
 
 def _lines(texts: Iterable[str]) -> Iterator[str]:

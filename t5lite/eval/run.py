@@ -196,7 +196,8 @@ def infer(config: InferConfig) -> int:
                                                file=sys.stderr, disable=not primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
         chunk = texts[start:start + decode.batch_size]
-        rows = [np.append(vocab.encode(t)[:config.inputs_length - 1], 1) for t in chunk]
+        rows = [np.append(vocab.encode(t)[:config.inputs_length - 1], vocab.eos_id)
+                for t in chunk]
         inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
         # Every process decodes (a collective over the mesh); generate returns host arrays.
         tokens = generate(model_config, params, inputs,

@@ -30,6 +30,14 @@ tokenizers share the first two; tokenizers' Unigram has no way to keep byte piec
 its lattice).
 
 A ByteVocabulary is ByT5's layout, which transformers' ByT5Tokenizer reproduces by itself.
+
+The `tokenizers`-backed kinds (t5lite.data.hf_vocabularies) already are HF's pipelines, so
+they are written as HF writes them: a WordPieceVocabulary as BertTokenizer's vocab.txt, and
+a ByteLevelBPEVocabulary as GPT2Tokenizer's (or, with RoBERTa's specials,
+RobertaTokenizer's) vocab.json + merges.txt, each with tokenizer.json (our tokenizer plus
+the post-processor HF's class adds: `[CLS] $A [SEP]`, `<s> $A </s>`, nothing for GPT-2),
+tokenizer_config.json and special_tokens_map.json. transformers' AutoTokenizer loads them
+and encodes as the vocabulary does.
 """
 from __future__ import annotations
 
@@ -37,7 +45,9 @@ import json
 import os
 
 from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+from tokenizers import Tokenizer, processors
 
+from t5lite.data.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
 from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
 from t5lite.errors import ConfigError
 
@@ -48,6 +58,8 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>
 
 def write_hf_tokenizer(vocabulary: Vocabulary, out: str, *, model_max_length: int = 512) -> list[str]:
   """Writes the tokenizer files of `vocabulary` into `out`; returns the file names."""
+  if isinstance(vocabulary, (WordPieceVocabulary, ByteLevelBPEVocabulary)):
+    return _write_files(out, _tokenizers_files(vocabulary, model_max_length))
   extras = [f"<extra_id_{i}>" for i in range(vocabulary.extra_ids)]
   config = {**SPECIAL_TOKENS, "extra_ids": vocabulary.extra_ids,
             "additional_special_tokens": extras, "model_max_length": model_max_length}
@@ -63,11 +75,57 @@ def write_hf_tokenizer(vocabulary: Vocabulary, out: str, *, model_max_length: in
   files["tokenizer_config.json"] = json.dumps(config, indent=2)
   files["special_tokens_map.json"] = json.dumps(
       {**SPECIAL_TOKENS, "additional_special_tokens": extras}, indent=2)
+  return _write_files(out, files)
+
+
+def _write_files(out: str, files: dict[str, str | bytes]) -> list[str]:
   for name, content in files.items():
     mode = "wb" if isinstance(content, bytes) else "w"
     with open(os.path.join(out, name), mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
       f.write(content)
   return sorted(files)
+
+
+# HF's names of the special-token roles (tokenizer_config.json, special_tokens_map.json).
+_HF_ROLE = {"pad": "pad_token", "eos": "eos_token", "unk": "unk_token", "bos": "bos_token",
+            "mask": "mask_token", "cls": "cls_token", "sep": "sep_token"}
+
+
+def _tokenizers_files(vocabulary: WordPieceVocabulary | ByteLevelBPEVocabulary,
+                      model_max_length: int) -> dict[str, str]:
+  """The files transformers' BertTokenizer / GPT2Tokenizer / RobertaTokenizer save."""
+  tokens = vocabulary.tokens
+  specials = {_HF_ROLE[role]: tokens[i] for role, i in vocabulary.special_tokens.items()}
+  tokenizer = Tokenizer.from_str(vocabulary.tokenizer.to_str())  # a copy to add to
+  if isinstance(vocabulary, WordPieceVocabulary):
+    specials.pop("eos_token", None)  # [SEP] is t5lite's EOS for BERT; BertTokenizer has none
+    files = {"vocab.txt": "".join(t + "\n" for t in tokens)}
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": vocabulary.lowercase,
+              "strip_accents": vocabulary.strip_accents, "tokenize_chinese_chars": True}
+    if vocabulary.cls_id is not None and vocabulary.sep_id is not None:
+      cls, sep = tokens[vocabulary.cls_id], tokens[vocabulary.sep_id]
+      tokenizer.post_processor = processors.TemplateProcessing(
+          single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+          special_tokens=[(cls, vocabulary.cls_id), (sep, vocabulary.sep_id)])
+  else:
+    merges = "".join(f"{left} {right}\n" for left, right in vocabulary.merges)
+    files = {"vocab.json": json.dumps(dict(zip(tokens, range(len(tokens)))), ensure_ascii=False),
+             "merges.txt": "#version: 0.2\n" + merges}
+    config = {"add_prefix_space": False}
+    if vocabulary.style == "roberta":
+      config["tokenizer_class"] = "RobertaTokenizer"
+      tokenizer.post_processor = processors.RobertaProcessing(  # (sep, cls): no keywords
+          (tokens[vocabulary.sep_id], vocabulary.sep_id),
+          (tokens[vocabulary.cls_id], vocabulary.cls_id), trim_offsets=True,
+          add_prefix_space=False)
+    else:
+      config["tokenizer_class"] = "GPT2Tokenizer"  # adds no special tokens
+      tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+  config.update(specials, model_max_length=model_max_length)
+  files["tokenizer.json"] = tokenizer.to_str()
+  files["tokenizer_config.json"] = json.dumps(config, indent=2, ensure_ascii=False)
+  files["special_tokens_map.json"] = json.dumps(specials, indent=2, ensure_ascii=False)
+  return files
 
 
 def tokenizer_json(vocabulary: SentencePieceVocabulary) -> dict:
