@@ -26,18 +26,20 @@ N_POSITIONS = 24  # GPT-2's learned table; the decoding test reaches its last ro
 # 8 over 2 key/value heads, head_dim 8 != 36 / 6 and a rotary base off the default (LLaMA);
 # a LLaMA variant with biases, a tied output and tanh-gated GELU; a GPT-2 variant untied,
 # unscaled, with exact GELU. initializer_range 0.2 keeps the models' greedy outputs varied.
+# GPT-2's <|endoftext|> is its last id, as 50256 is the real one's.
 CASES = {
     "gpt2": (T.GPT2Config, dict(vocab_size=97, n_embd=36, n_layer=2, n_head=3, n_inner=50,
                                 n_positions=N_POSITIONS, initializer_range=0.2,
-                                layer_norm_epsilon=1e-4)),
+                                layer_norm_epsilon=1e-4, bos_token_id=96, eos_token_id=96)),
     "llama": (T.LlamaConfig, dict(vocab_size=97, hidden_size=36, num_hidden_layers=3,
                                   num_attention_heads=6, num_key_value_heads=2, head_dim=8,
                                   intermediate_size=50, rope_theta=500.0, rms_norm_eps=1e-5,
-                                  initializer_range=0.2)),
+                                  initializer_range=0.2)),  # bos 1, eos 2: LlamaConfig's
     "gpt2_variant": (T.GPT2Config, dict(vocab_size=89, n_embd=30, n_layer=2, n_head=5,
                                         n_inner=44, n_positions=40, activation_function="gelu",
                                         scale_attn_weights=False, tie_word_embeddings=False,
-                                        reorder_and_upcast_attn=True)),
+                                        reorder_and_upcast_attn=True, bos_token_id=3,
+                                        eos_token_id=4)),
     "llama_variant": (T.LlamaConfig, dict(vocab_size=89, hidden_size=30, num_hidden_layers=2,
                                           num_attention_heads=3, head_dim=12,
                                           intermediate_size=44, hidden_act="gelu_new",
@@ -54,9 +56,9 @@ def make_hf_model(name, seed=0):
   with torch.no_grad():  # biases off 0 and norm scales off 1, so that a swapped one shows
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.05)
-    # Row 1 (EOS, at which t5lite's decoding stops) of the output projection zeroed: its
-    # logit is 0, below the best of 96 others, so greedy decoding runs to its full length.
-    model.get_output_embeddings().weight[1] = 0.0
+    # The EOS row (at which decoding stops) of the output projection zeroed: its logit is 0,
+    # below the best of the others, so greedy decoding runs to its full length.
+    model.get_output_embeddings().weight[model.config.eos_token_id] = 0.0
   return model
 
 
@@ -133,12 +135,13 @@ def test_gpt2_base_model_names_get_the_transformer_prefix(saved, tmp_path):
 
 
 def hf_greedy(model, prompt, new_tokens):
-  """HF greedy continuation of [BOS 0] + prompt (t5lite's decoder-only stream), 0-padded to
-  new_tokens after an EOS (1), as t5lite.generate returns it."""
-  ids = torch.tensor([[0] + list(prompt)])
-  # An explicit mask: with pad_token_id 0, HF would otherwise mask the BOS 0 out.
+  """HF greedy continuation of [BOS] + prompt (what HF's LLaMA tokenizer gives; GPT-2's
+  <|endoftext|> before a text), 0-padded to new_tokens after an EOS, as t5lite.generate
+  returns it for the prompt alone (it reads config.bos_id first, as in training)."""
+  bos, eos = model.config.bos_token_id, model.config.eos_token_id
+  ids = torch.tensor([[bos] + list(prompt)])
   out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                       max_new_tokens=new_tokens, eos_token_id=1, pad_token_id=0)
+                       max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=eos)
   out = out[0, ids.shape[1]:].numpy()
   return np.pad(out, (0, new_tokens - len(out)))
 
@@ -163,7 +166,9 @@ def test_greedy_decoding_matches_hf_generate(saved, name):
   for row, n in enumerate(lengths):
     np.testing.assert_array_equal(ours[row], hf_greedy(model, prompts[row, :n], new_tokens),
                                   err_msg=f"row {row} (prompt of {n})")
-  assert not (ours == 1).any()  # no EOS: every row decodes all of its tokens
+  assert (config.bos_id, config.eos_id) == (model.config.bos_token_id,
+                                            model.config.eos_token_id)
+  assert not (ours == config.eos_id).any()  # no EOS: every row decodes all of its tokens
   assert len(set(ours[0].tolist())) > 3  # a varied continuation, not one repeated token
 
 
@@ -176,7 +181,8 @@ def test_learned_positions_are_not_read_past_the_table(saved):
 
 # --- refusals ---------------------------------------------------------------------------------
 
-GPT2_JSON = dict(model_type="gpt2", vocab_size=97, n_embd=36, n_layer=2, n_head=3)
+GPT2_JSON = dict(model_type="gpt2", vocab_size=97, n_embd=36, n_layer=2, n_head=3,
+                 bos_token_id=96, eos_token_id=96)
 LLAMA_JSON = dict(model_type="llama", vocab_size=97, hidden_size=36, intermediate_size=50,
                   num_hidden_layers=2, num_attention_heads=6)
 

@@ -103,9 +103,8 @@ class Gpt2Layout(HFLayout):
         "add_cross_attention": False,
         "tie_word_embeddings": config.tie_output_embedding,
         "use_cache": True,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "pad_token_id": 0,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
     }
 
   def config_from_hf(self, hf: Mapping, tensors, **overrides) -> ModelConfig:
@@ -129,7 +128,9 @@ class Gpt2Layout(HFLayout):
         position_encoding="learned",
         tie_output_embedding=bool(hf.get("tie_word_embeddings", True)),
         init_std=float(hf.get("initializer_range", 0.02)),
-        dropout_rate=_rate(hf, "resid_pdrop", 0.1))
+        dropout_rate=_rate(hf, "resid_pdrop", 0.1),
+        # GPT-2's <|endoftext|> (50256) both starts and ends its texts.
+        **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 50256, 50256))
     return ModelConfig(**{**values, **overrides})
 
   @staticmethod

@@ -156,6 +156,24 @@ class HFLayout:
     return out
 
   @staticmethod
+  def token_ids(hf: Mapping, vocab_size: int, bos_key: str, bos_default: int,
+                eos_default: int) -> dict[str, int]:
+    """{'bos_id', 'eos_id'} from config.json's `bos_key` and `eos_token_id` (absent or null:
+    the defaults; a list of EOS ids, as LLaMA 3's: the first), each an id of the vocabulary."""
+    out = {}
+    for field, key, default in (("bos_id", bos_key, bos_default),
+                                ("eos_id", "eos_token_id", eos_default)):
+      value = hf.get(key)
+      if isinstance(value, list) and value:
+        value = value[0]
+      value = default if value is None else value
+      if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ConfigError(f"config.json: {key}={hf.get(key)!r} is not a token id below "
+                          f"vocab_size={vocab_size}")
+      out[field] = value
+    return out
+
+  @staticmethod
   def choice(hf: Mapping, key: str, table: Mapping[str, object], default: str) -> object:
     """table[hf[key]] with an error that names the key and the supported values."""
     value = hf.get(key, default)

@@ -109,9 +109,8 @@ class LlamaLayout(HFLayout):
         "initializer_range": config.init_std or 0.02,
         "tie_word_embeddings": config.tie_output_embedding,
         "use_cache": True,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "pad_token_id": 0,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
     }
 
   def config_from_hf(self, hf: Mapping, tensors, **overrides) -> ModelConfig:
@@ -135,7 +134,8 @@ class LlamaLayout(HFLayout):
         position_encoding="rope", rope_theta=rope_theta(hf),
         max_position_embeddings=_optional_size(hf, "max_position_embeddings", 2048),
         tie_output_embedding=bool(hf.get("tie_word_embeddings", False)),
-        init_std=float(hf.get("initializer_range", 0.02)), dropout_rate=0.0)
+        init_std=float(hf.get("initializer_range", 0.02)), dropout_rate=0.0,
+        **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 1, 2))  # <s>, </s>
     return ModelConfig(**{**values, **overrides})
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:

@@ -69,8 +69,8 @@ def config_to_hf(config: ModelConfig) -> dict:
       "scale_decoder_outputs": config.scale_logits,
       "vocab_size": config.vocab_size,
       "pad_token_id": 0,
-      "eos_token_id": 1,
-      "decoder_start_token_id": 0,
+      "eos_token_id": config.eos_id,
+      "decoder_start_token_id": config.bos_id,
       "use_cache": True,
   }
 
@@ -122,6 +122,7 @@ def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
       tie_output_embedding=tied,
       scale_logits=bool(scale),
       dropout_rate=hf.get("dropout_rate", 0.1),  # HF's T5Config default
+      **HFLayout.token_ids(hf, sizes["vocab_size"], "decoder_start_token_id", 0, 1),
   )
   values.update(overrides)
   return ModelConfig(**values)

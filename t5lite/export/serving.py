@@ -120,6 +120,10 @@ def export_serving(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLik
   family = family_of(config)
   if not family.decodes:
     raise ConfigError(f"a serving artifact decodes; a {family.name!r} model cannot")
+  if (config.bos_id, config.eos_id) != (decoding.PAD_ID, decoding.EOS_ID):
+    # The loader (serving_loader.py, which needs no t5lite) reads T5's ids: 0 pads, 1 ends.
+    raise ConfigError(f"the serving artifact decodes with T5's ids (start 0, EOS 1); this model "
+                      f"has bos_id={config.bos_id}, eos_id={config.eos_id}")
   vocabulary = _vocabulary_or_none(model_dir.model_dir_of(checkpoint_path))
   # Trace everything before writing anything: a failed export leaves no half artifact.
   exports = {method: export_function(serving_function(

@@ -24,7 +24,8 @@ class DecoderOnlyFamily(Family):
   continues_prompts = True
 
   def converter(self, pack: bool = True) -> converters.FeatureConverter:
-    return converters.DecoderOnlyFeatureConverter(pack=pack, prefix_lm=self.config.prefix_lm)
+    return converters.DecoderOnlyFeatureConverter(pack=pack, prefix_lm=self.config.prefix_lm,
+                                                  bos_id=self.config.bos_id)
 
   def pretraining_preprocessors(self, vocabulary) -> list:
     """Next-token prediction over concatenated text; a prefix LM splits each piece into a

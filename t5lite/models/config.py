@@ -122,6 +122,12 @@ class ModelConfig:
   """Rematerialization per layer: 'none', 'full' (save nothing), 'dots', 'dots_no_batch'."""
   prefix_lm: bool = False
   """Decoder-only: positions flagged by `decoder_causal_attention` see each other bidirectionally."""
+  bos_id: int = 0
+  """The token a decoder reads before a sequence's first token: the start of every shifted
+  target segment in training and of every decode (T5: 0; HF GPT-2: 50256 `<|endoftext|>`,
+  LLaMA: 1 `<s>`). A decoder-only prompt is decoded after it."""
+  eos_id: int = 1
+  """The token that ends a generated sequence (T5: 1; GPT-2: 50256; LLaMA: 2)."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -160,11 +166,16 @@ class ModelConfig:
       raise ConfigError(f"ModelConfig.norm_position={self.norm_position!r} is not one of "
                         f"{NORM_POSITIONS}")
     for field in ("num_key_value_heads", "embedding_size", "type_vocab_size",
-                  "shared_layer_groups", "sentence_classes", "position_offset"):
+                  "shared_layer_groups", "sentence_classes", "position_offset", "bos_id",
+                  "eos_id"):
       if getattr(self, field) < 0:
         raise ConfigError(f"ModelConfig.{field} must be >= 0, got {getattr(self, field)}")
     if self.layers_per_group < 1:
       raise ConfigError(f"ModelConfig.layers_per_group must be >= 1, got {self.layers_per_group}")
+    for field in ("bos_id", "eos_id"):
+      if getattr(self, field) >= self.vocab_size:
+        raise ConfigError(f"ModelConfig.{field}={getattr(self, field)} is not below "
+                          f"vocab_size={self.vocab_size}")
     if self.init_std < 0:
       raise ConfigError(f"ModelConfig.init_std must be >= 0, got {self.init_std}")
     if self.num_heads % self.kv_heads:

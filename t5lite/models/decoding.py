@@ -6,9 +6,11 @@ Design
     (slot = position, preallocated), and cross-attention projects the encoder output once, at
     the prefill call, and reuses it. The training path (cache_length 0) is untouched.
   * `start` runs the encoder once and the prompt through the decoder (the prefill): for an
-    encoder-decoder the start token 0 at position 0; for a decoder-only model BOS 0 followed
-    by the prompt at positions 0..n, as DecoderOnlyFeatureConverter feeds training rows (the
-    targets shifted right with 0 first; for a prefix LM the prompt is the bidirectional prefix).
+    encoder-decoder the start token (ModelConfig.bos_id, T5's 0) at position 0; for a
+    decoder-only model BOS followed by the prompt at positions 0..n, as
+    DecoderOnlyFeatureConverter feeds training rows (the targets shifted right with BOS first;
+    for a prefix LM the prompt is the bidirectional prefix). Decoding stops at
+    ModelConfig.eos_id.
     It returns the first next-token logits, the cache, each row's next position and a `step`
     function that feeds one token per row.
   * One jitted program per (config, decoding settings, batch, input length, max length):
@@ -123,10 +125,11 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
       return logits[:, 0].astype(jnp.float32), mutated["cache"]
 
     zeros = jnp.zeros((batch,), jnp.int32)
-    logits, cache = step(None, zeros, zeros)  # the start token 0 at position 0
+    logits, cache = step(None, zeros + config.bos_id, zeros)  # the start token at position 0
     return Prefill(logits, cache, zeros + 1, step)
 
-  tokens = jnp.pad(inputs, ((0, 0), (1, 0)))  # (B, 1 + L): BOS 0, then the prompt
+  # (B, 1 + L): BOS, then the prompt
+  tokens = jnp.pad(inputs, ((0, 0), (1, 0)), constant_values=config.bos_id)
   batch, length = tokens.shape
   lengths = prompt_lengths(inputs) + 1  # (B,) with the BOS
   model = make_model(config, cache_length=length + max_decode_length)
@@ -180,8 +183,8 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, *, temperature: float = 0.0
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
-def sample_loop(prefill: Prefill, max_decode_length: int, rng: jax.Array,
-                **choose: Any) -> jax.Array:
+def sample_loop(prefill: Prefill, max_decode_length: int, rng: jax.Array, *,
+                eos_id: int = EOS_ID, **choose: Any) -> jax.Array:
   """Greedy (temperature 0) or sampled decoding until max_decode_length or every row's EOS.
   Returns (B, max_decode_length) int32, 0 after each row's EOS. Step i draws with
   fold_in(rng, i), so a seed fixes the output."""
@@ -200,9 +203,9 @@ def sample_loop(prefill: Prefill, max_decode_length: int, rng: jax.Array,
     token = choose_tokens(logits, jax.random.fold_in(rng, i), **choose)
     token = jnp.where(done, PAD_ID, token)
     out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
-    return i + 1, token, cache, out, done | (token == EOS_ID)
+    return i + 1, token, cache, out, done | (token == eos_id)
 
-  state = (jnp.int32(1), token, prefill.cache, out, token == EOS_ID)
+  state = (jnp.int32(1), token, prefill.cache, out, token == eos_id)
   return jax.lax.while_loop(cond, body, state)[3]
 
 
@@ -307,11 +310,11 @@ def generate_program(config: ModelConfig, method: str, max_decode_length: int,
   def run(params, tokens, rng):
     if method == "beam":
       prefill = start(config, params, tokens, max_decode_length, copies=settings["num_beams"])
-      seqs, _ = beam_search(prefill, max_decode_length=max_decode_length, eos_id=EOS_ID,
-                            **settings)
+      seqs, _ = beam_search(prefill, max_decode_length=max_decode_length,
+                            eos_id=config.eos_id, **settings)
       return seqs[:, 0]
     prefill = start(config, params, tokens, max_decode_length)
-    return sample_loop(prefill, max_decode_length, rng, **settings)
+    return sample_loop(prefill, max_decode_length, rng, eos_id=config.eos_id, **settings)
   return run
 
 
@@ -339,7 +342,8 @@ def _jitted_score(config: ModelConfig):
   def run(params, inputs, targets):
     params = layer_params(params)  # one pass, no loop: each slice is made next to its read
     if config.architecture == "encoder_decoder":
-      decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shifted right, 0 first
+      decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)),  # shifted right, BOS first
+                               constant_values=config.bos_id)[:, :-1]
       logits = model.apply({"params": params}, inputs, decoder_inputs)  # (B, T, V)
       labels, weights = targets, targets > 0
     else:
@@ -351,7 +355,7 @@ def _jitted_score(config: ModelConfig):
 
 
 def _decoder_only_logits(model, config, params, prompts, targets):
-  """Row b reads [0, prompt_b, targets_b] (each row packed to its own lengths) and is scored
+  """Row b reads [BOS, prompt_b, targets_b] (each row packed to its own lengths) and is scored
   on targets_b. Returns logits (B, L + T, V), labels and weights (B, L + T)."""
   batch, length = prompts.shape
   total = length + targets.shape[1]
@@ -363,7 +367,7 @@ def _decoder_only_logits(model, config, params, prompts, targets):
                                      jnp.maximum(pos - n, 0), axis=1)
   labels = jnp.where(pos < n, from_prompt, from_targets)  # (B, L + T)
   weights = (pos >= n) & (labels > 0)
-  decoder_inputs = jnp.pad(labels, ((0, 0), (1, 0)))[:, :-1]
+  decoder_inputs = jnp.pad(labels, ((0, 0), (1, 0)), constant_values=config.bos_id)[:, :-1]
   extra = {}
   if config.prefix_lm:
     extra["decoder_causal_attention"] = (pos < n + 1).astype(jnp.int32)

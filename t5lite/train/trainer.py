@@ -308,6 +308,11 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
                       f"{vocabulary.vocab_size} ids, more than the model's vocab_size "
                       f"{model_config.vocab_size}: set ModelConfig.vocab_size >= "
                       f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
+  eos = getattr(vocabulary, "eos_id", None)
+  if eos is not None and eos != model_config.eos_id and family_of(model_config).decodes:
+    # Training is unaffected; decoding would stop at the wrong token (or never).
+    log(f"note: the vocabulary's EOS is id {eos} but ModelConfig.eos_id={model_config.eos_id}, "
+        f"where decoding stops: set ModelConfig.eos_id={eos} to decode this task")
   trainer = Trainer(model_config, config, mesh)
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
