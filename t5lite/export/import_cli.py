@@ -23,7 +23,8 @@ from t5lite.export import limits
 
 MAX_EXTRA_IDS = 1 << 20  # T5 has 100; each one is a vocabulary entry
 FORMATS = {
-    "hf": "an HF transformers T5 directory (safetensors, or .bin through weights_only loading)",
+    "hf": ("an HF transformers directory (T5, BERT, RoBERTa, ALBERT, GPT-2, LLaMA; safetensors, "
+           "or a T5 .bin through weights_only loading)"),
     "t5x": "a T5X checkpoint (msgpack + tensorstore, or T5X's orbax layout)",
 }
 
@@ -51,14 +52,15 @@ def main(argv: list[str]) -> int:
 
 def import_hf(source: str, out: str, *, dtype: str | None = None,
               max_params: int | None = None) -> dict:
-  """An HF T5 directory as a params-only MODEL_DIR at step 0, its vocabulary carried along."""
+  """An HF model directory as a params-only MODEL_DIR at step 0, its vocabulary carried along."""
   from t5lite.export import hf, params_only
   overrides = {"param_dtype": dtype} if dtype else {}
   config, params = hf.load_hf(source, max_params=max_params, **overrides)
   vocabulary = hf_vocabulary(source)
   if vocabulary is None:
-    warnings.warn(f"{source} has no spiece.model and is not ByT5: the MODEL_DIR gets no "
-                  "vocabulary, so eval and infer will need T5LITE_VOCAB")
+    warnings.warn(f"{source} has no tokenizer files t5lite reads (spiece.model, ByT5, "
+                  "vocab.txt, vocab.json + merges.txt): the MODEL_DIR gets no vocabulary, so "
+                  "eval and infer will need T5LITE_VOCAB")
   path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
   return {"import": "hf", "from": os.path.abspath(source), "out": os.path.abspath(out),
           "checkpoint": path, "param_dtype": config.param_dtype,
@@ -67,8 +69,10 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
 
 def hf_vocabulary(source: str):
   """The vocabulary of an HF directory: spiece.model (extra ids from tokenizer_config.json,
-  else T5's 100), or ByT5's bytes; None when neither is there."""
-  from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary
+  else T5's 100), ByT5's bytes, BERT's vocab.txt or GPT-2 / RoBERTa's vocab.json +
+  merges.txt; None when none is there."""
+  from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
+                                        load_vocabulary)
   # Both are refused if they are symlinks out of `source` (limits.file_inside).
   config_path = limits.file_inside(source, "tokenizer_config.json")
   spiece = limits.file_inside(source, "spiece.model")
@@ -87,4 +91,10 @@ def hf_vocabulary(source: str):
     return SentencePieceVocabulary(spiece, 100 if extra_ids is None else extra_ids)
   if tokenizer_config.get("tokenizer_class") == "ByT5Tokenizer":
     return ByteVocabulary(125 if extra_ids is None else extra_ids)  # ByT5's default
+  files = ("vocab.txt", "vocab.json", "merges.txt")
+  found = [name for name in files if os.path.lexists(os.path.join(source, name))]
+  if found:
+    for name in found:  # refused if a symlink leads out of `source`, as the files above
+      limits.file_inside(source, name)
+    return load_vocabulary(source)  # WordPiece or byte-level BPE (t5lite.data.hf_vocabularies)
   return None

@@ -32,10 +32,12 @@ class EncoderOnlyFamily(Family):
     return converters.EncoderOnlyFeatureConverter(pack=pack)
 
   def pretraining_preprocessors(self, vocabulary) -> list:
-    """BERT's MLM (15%, 80/10/10). The mask token is the vocabulary's first extra id
-    (`<extra_id_0>`, its highest id), or unk (2) when it has none."""
-    mask_id = vocabulary.vocab_size - 1 if vocabulary.extra_ids else 2
-    return pretraining.mlm_preprocessors(mask_id=mask_id)
+    """BERT's MLM (15%, 80/10/10) with the vocabulary's mask token ([MASK]; T5's
+    `<extra_id_0>`, or unk without extra ids). With a [CLS] and a [SEP] (WordPiece), each
+    piece is `[CLS] tokens [SEP]` and no special token is masked or drawn at random."""
+    bert_style = vocabulary.cls_id is not None and vocabulary.sep_id is not None
+    return pretraining.mlm_preprocessors(mask_id=vocabulary.mask_id, add_cls_sep=bert_style,
+                                         vocabulary_specials=bert_style)
 
   def loss_fn(self, params, batch, rng):
     """Token cross entropy over the MLM positions; plus, with a sentence head and
