@@ -25,7 +25,8 @@ LAST = 5  # the loss that must have fallen: the mean of the last LAST steps' los
 # starts near ln(4096) = 8.3 nats, and a tiny model's first hundred steps end near the unigram
 # entropy of those 4000-token vocabularies (6.3-6.6 nats): 0.85 asks for a fall of 1.25 nats
 # (they fall 1.7-1.9). Span corruption's targets (sentinels, short spans) fall much further.
-RATIO = {"bert": 0.85, "albert": 0.85, "gpt2": 0.85, "llama": 0.85, "transformer": 0.7}
+RATIO = {"bert": 0.85, "roberta": 0.85, "albert": 0.85, "gpt2": 0.85, "llama": 0.85,
+         "transformer": 0.7}
 # AdamW at a constant 3e-3: a few dozen steps move a tiny model far.
 RUN = [f"TRAIN_STEPS={STEPS}", "BATCH_SIZE=8", "EVAL_PERIOD=0", "TrainConfig.log_period=1",
        "OptimizerConfig.name='adamw'", "ScheduleConfig.name='constant'",
@@ -42,8 +43,12 @@ LANDMARKS = {
     "albert": ("gin/models/albert/base.gin", MLM_RUN, {"inputs": 64},
                SHRINK + ["ModelConfig.num_encoder_layers=2", "ModelConfig.embedding_size=16"],
                MLM_VOCAB),
+    "roberta": ("gin/models/roberta/base.gin", MLM_RUN, {"inputs": 64},
+                SHRINK + ["ModelConfig.num_encoder_layers=2"], MLM_VOCAB),
+    # The embedded BPE's <|endoftext|> is id 0 (GPT-2's own is 50256).
     "gpt2": ("gin/models/gpt2/small.gin", LM_RUN, {"targets": 64},
-             SHRINK + ["ModelConfig.num_decoder_layers=2"], LM_VOCAB),
+             SHRINK + ["ModelConfig.num_decoder_layers=2", "ModelConfig.bos_id=0",
+                       "ModelConfig.eos_id=0"], LM_VOCAB),
     "llama": ("gin/models/llama_style/tiny.gin", LM_RUN, {"targets": 64}, [], None),
     # T5's span corruption, with the label smoothing the Transformer trained with; 2176: the
     # embedded SentencePiece vocabulary's 2100 ids (gin/models/demo.gin's size).
@@ -91,6 +96,7 @@ def test_landmark_trains_through_the_cli_and_its_loss_falls(name, tmp_path):
   assert last < RATIO[name] * first, [round(losses[s], 3) for s in sorted(losses)]
   # What made the run this family is still there after the overrides.
   expected = {"bert": dict(family="bert", norm_position="post", type_vocab_size=2, pooler=True),
+              "roberta": dict(family="roberta", position_offset=2, type_vocab_size=1),
               "albert": dict(family="albert", shared_layer_groups=1, embedding_size=16),
               "gpt2": dict(family="gpt2", norm_position="pre", use_bias=True,
                            position_encoding="learned"),
