@@ -177,8 +177,13 @@ class WordPieceVocabulary(_TokenizersVocabulary):
     if not (directory / VOCAB_TXT).is_file():
       return None
     hf = _hf_config(directory)  # BertTokenizer's defaults where it says nothing
-    return cls(directory / VOCAB_TXT, lowercase=hf.get("do_lower_case", True),
-               strip_accents=hf.get("strip_accents"))
+    lowercase, strip_accents = hf.get("do_lower_case", True), hf.get("strip_accents")
+    if not isinstance(lowercase, bool) or not (strip_accents is None
+                                               or isinstance(strip_accents, bool)):
+      raise ConfigError(f"{directory / HF_CONFIG}: do_lower_case={lowercase!r} and "
+                        f"strip_accents={strip_accents!r} must be true or false (strip_accents "
+                        "may be null)")
+    return cls(directory / VOCAB_TXT, lowercase=lowercase, strip_accents=strip_accents)
 
 
 class ByteLevelBPEVocabulary(_TokenizersVocabulary):
@@ -249,7 +254,11 @@ class ByteLevelBPEVocabulary(_TokenizersVocabulary):
 
 
 def _saved_file(directory: pathlib.Path, config: dict, key: str, default: str) -> pathlib.Path:
-  path = directory / config.get(key, default)
+  name = config.get(key, default)
+  if not isinstance(name, str) or pathlib.Path(name).name != name or name in (".", ".."):
+    raise ConfigError(f"{directory / CONFIG_FILE}: {key}={name!r} must be a file name inside "
+                      "the vocabulary's folder")
+  path = directory / name
   if not path.is_file():
     raise ConfigFileNotFoundError(f"{directory / CONFIG_FILE} describes a {config['kind']} "
                                   f"vocabulary, but its {path.name} is missing: copy it back "
@@ -278,10 +287,16 @@ def _check_tokens(tokens: Sequence[str], where: str) -> dict[str, int]:
   return ids
 
 
+MAX_FILE_BYTES = 256 << 20  # vocabulary files of real tokenizers are a few MB
+
+
 def _read_text(path: str | os.PathLike, what: str) -> str:
   path = pathlib.Path(path)
   if not path.is_file():
     raise ConfigFileNotFoundError(f"{what} not found: {path}")
+  if path.stat().st_size > MAX_FILE_BYTES:
+    raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, too large for {what} (over "
+                      f"{MAX_FILE_BYTES:,})")
   try:
     return path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as e:
@@ -306,8 +321,9 @@ def _read_json(path: str | os.PathLike, what: str) -> Any:
   text = _read_text(path, what)
   try:
     return json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"{os.fspath(path)} is not JSON ({e}): expected {what}") from None
+  except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: absurd nesting
+    raise ConfigError(f"{os.fspath(path)} is not JSON ({type(e).__name__}: {e}): expected "
+                      f"{what}") from None
 
 
 def _tokens_by_id(ids: Any, where: str) -> list[str]:

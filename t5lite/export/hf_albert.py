@@ -36,7 +36,7 @@ from typing import Mapping
 from t5lite.errors import ConfigError
 from t5lite.export.hf_bert import (ENCODER_NEEDS, FROM_HF_ACTIVATION, SIZES, TO_HF_ACTIVATION,
                                    check_heads, dense_entries, norm_entries, post_norm_layer)
-from t5lite.export.hf_layout import Entry, HFLayout, refuse, register
+from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
 
 ALBERT_LAYER = dict(query="attention.query", key="attention.key", value="attention.value",
@@ -55,6 +55,9 @@ class AlbertLayout(HFLayout):
   """AlbertForPreTraining: MLM head at the embedding width, pooler and the SOP head."""
   model_types = ("albert",)
   size_fields = tuple(SIZES) + tuple(GROUP_SIZES)
+
+  def checkpoint_tensors(self, tensors):
+    return legacy_norm_names(tensors)
 
   def config_to_hf(self, config: ModelConfig) -> dict:
     refuse(config, "albert", dict(ENCODER_NEEDS, position_offset=0, pooler=True,
@@ -113,11 +116,11 @@ class AlbertLayout(HFLayout):
         architecture="encoder_only", family="albert", **sizes, d_kv=d // heads,
         mlp_activation=self.choice(hf, "hidden_act", FROM_HF_ACTIVATION, "gelu_new"),
         norm="layer", norm_position="post", use_bias=True, scale_attention=True,
-        layer_norm_epsilon=float(hf.get("layer_norm_eps", 1e-12)),
+        layer_norm_epsilon=self.number(hf, "layer_norm_eps", 1e-12),
         position_encoding="learned", embedding_norm=True, tie_output_embedding=True,
         pooler=True, sentence_classes=2,
-        init_std=float(hf.get("initializer_range", 0.02)),
-        dropout_rate=float(hf.get("hidden_dropout_prob", 0.0)))
+        init_std=self.number(hf, "initializer_range", 0.02),
+        dropout_rate=self.rate(hf, "hidden_dropout_prob", 0.0))
     return ModelConfig(**{**values, **overrides})
 
   @staticmethod

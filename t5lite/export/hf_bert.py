@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from t5lite.errors import ConfigError
-from t5lite.export.hf_layout import Entry, HFLayout, refuse, register
+from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
 
 # HF hidden_act -> our mlp_activation, and back.
@@ -89,9 +89,15 @@ class _BertLike(HFLayout):
     return dict(ENCODER_NEEDS, position_offset=self.position_offset, embedding_size=0,
                 shared_layer_groups=0)
 
+  def checkpoint_tensors(self, tensors):
+    return legacy_norm_names(tensors)
+
   def config_to_hf(self, config: ModelConfig) -> dict:
     refuse(config, self.model_types[0], self.needs(config))
     check_heads(config, self.model_types[0])
+    if not config.type_vocab_size:
+      raise ConfigError(f"HF {self.model_types[0]!r} always adds token-type embeddings; this "
+                        "model has type_vocab_size=0: set it >= 1 (BERT's is 2, RoBERTa's 1)")
     if config.mlp_activation not in TO_HF_ACTIVATION:
       raise ConfigError(f"HF {self.model_types[0]!r} has no equivalent of mlp_activation="
                         f"{config.mlp_activation!r} (it has {sorted(TO_HF_ACTIVATION)})")
@@ -118,16 +124,20 @@ class _BertLike(HFLayout):
       raise ConfigError(f"config.json: hidden_size={sizes['d_model']} is not a multiple of "
                         f"num_attention_heads={sizes['num_heads']}")
     types = hf.get("type_vocab_size", 2)
+    if hf.get("tie_word_embeddings", True) is not True:
+      raise ConfigError(f"config.json: tie_word_embeddings={hf['tie_word_embeddings']!r}; t5lite "
+                        f"reads {self.model_types[0]} models whose MLM decoder is the word "
+                        "embedding table (every published one)")
     return dict(
         architecture="encoder_only", **sizes, d_kv=sizes["d_model"] // sizes["num_heads"],
         mlp_activation=self.choice(hf, "hidden_act", FROM_HF_ACTIVATION, "gelu"),
         norm="layer", norm_position="post", use_bias=True, scale_attention=True,
-        layer_norm_epsilon=float(hf.get("layer_norm_eps", 1e-12)),
+        layer_norm_epsilon=self.number(hf, "layer_norm_eps", 1e-12),
         position_encoding="learned", position_offset=self.position_offset,
         type_vocab_size=self.sizes({"t": types}, {"t": "t"})["t"] if types else 0,
         embedding_norm=True, tie_output_embedding=True,
-        init_std=float(hf.get("initializer_range", 0.02)),
-        dropout_rate=float(hf.get("hidden_dropout_prob", 0.1)))
+        init_std=self.number(hf, "initializer_range", 0.02),
+        dropout_rate=self.rate(hf, "hidden_dropout_prob", 0.1))
 
   def embedding_entries(self) -> list[Entry]:
     p = f"{self.prefix}.embeddings"
@@ -149,24 +159,30 @@ class _BertLike(HFLayout):
 
 @register
 class BertLayout(_BertLike):
-  """BertForPreTraining: MLM head, pooler and the next-sentence head (sentence_classes=2)."""
+  """BertForPreTraining (MLM head, pooler and the next-sentence head: pooler=True,
+  sentence_classes=2), or BertForMaskedLM (MLM head only) for checkpoints without them."""
   model_types = ("bert",)
 
   def needs(self, config):
-    return dict(super().needs(config), pooler=True, sentence_classes=2)
+    head = config.pooler or config.sentence_classes  # BertForPreTraining, else BertForMaskedLM
+    return dict(super().needs(config), pooler=bool(head), sentence_classes=2 if head else 0)
 
   def config_to_hf(self, config):
-    return {"architectures": ["BertForPreTraining"], **super().config_to_hf(config),
-            "pad_token_id": 0}
+    architecture = "BertForPreTraining" if config.pooler else "BertForMaskedLM"
+    return {"architectures": [architecture], **super().config_to_hf(config), "pad_token_id": 0}
 
   def config_from_hf(self, hf, tensors, **overrides):
-    values = dict(self.config_values(hf), family="bert", pooler=True, sentence_classes=2)
+    # A checkpoint saved from BertForMaskedLM has neither pooler nor next-sentence head.
+    heads = tensors is None or "cls.seq_relationship.weight" in tensors
+    values = dict(self.config_values(hf), family="bert", pooler=heads,
+                  sentence_classes=2 if heads else 0)
     return ModelConfig(**{**values, **overrides})
 
   def head_entries(self, config):
-    return (dense_entries(("pooler",), "bert.pooler.dense")
-            + dense_entries(("sentence_classifier",), "cls.seq_relationship")
-            + dense_entries(("mlm_transform",), "cls.predictions.transform.dense")
+    heads = (dense_entries(("pooler",), "bert.pooler.dense")
+             + dense_entries(("sentence_classifier",), "cls.seq_relationship")
+             if config.pooler else [])
+    return (heads + dense_entries(("mlm_transform",), "cls.predictions.transform.dense")
             + norm_entries(("mlm_norm",), "cls.predictions.transform.LayerNorm")
             + [Entry((("logits_dense", "bias"),), "cls.predictions.bias", "vector")])
 
@@ -179,7 +195,9 @@ class RobertaLayout(_BertLike):
   position_offset = 2
 
   def needs(self, config):
-    return dict(super().needs(config), pooler=False, sentence_classes=0)
+    # RobertaLMHead applies exact GELU whatever hidden_act says.
+    return dict(super().needs(config), pooler=False, sentence_classes=0,
+                mlp_activation="gelu_exact")
 
   def config_to_hf(self, config):
     return {"architectures": ["RobertaForMaskedLM"], **super().config_to_hf(config),
@@ -190,6 +208,9 @@ class RobertaLayout(_BertLike):
     if pad != 1:  # HF's position ids start at pad_token_id + 1
       raise ConfigError(f"config.json: pad_token_id={pad!r}; t5lite reads RoBERTa models whose "
                         "positions start at 2 (pad_token_id 1, as every published one)")
+    if hf.get("hidden_act", "gelu") != "gelu":  # the MLM head is exact GELU regardless
+      raise ConfigError(f"config.json: hidden_act={hf['hidden_act']!r}; t5lite reads RoBERTa "
+                        "models with hidden_act 'gelu' (its MLM head applies exact GELU always)")
     values = dict(self.config_values(hf), family="roberta")
     return ModelConfig(**{**values, **overrides})
 

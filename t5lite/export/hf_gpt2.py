@@ -61,13 +61,6 @@ def check_kv_heads(config: ModelConfig, model_type: str) -> None:
                       f"{config.num_heads} (set num_key_value_heads=0 to export it)")
 
 
-def _rate(hf: Mapping, key: str, default: float) -> float:
-  value = hf.get(key, default)
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-    raise ConfigError(f"config.json: {key}={value!r} is not a dropout rate in [0, 1)")
-  return float(value)
-
-
 @register
 class Gpt2Layout(HFLayout):
   """GPT2LMHeadModel (also distilgpt2, which shares model_type 'gpt2')."""
@@ -124,11 +117,11 @@ class Gpt2Layout(HFLayout):
         mlp_activation=self.choice(hf, "activation_function", FROM_HF_ACTIVATION, "gelu_new"),
         norm="layer", norm_position="pre", use_bias=True,
         scale_attention=bool(hf.get("scale_attn_weights", True)),
-        layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
+        layer_norm_epsilon=self.number(hf, "layer_norm_epsilon", 1e-5),
         position_encoding="learned",
         tie_output_embedding=bool(hf.get("tie_word_embeddings", True)),
-        init_std=float(hf.get("initializer_range", 0.02)),
-        dropout_rate=_rate(hf, "resid_pdrop", 0.1),
+        init_std=self.number(hf, "initializer_range", 0.02),
+        dropout_rate=self.rate(hf, "resid_pdrop", 0.1),
         # GPT-2's <|endoftext|> (50256) both starts and ends its texts.
         **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 50256, 50256))
     return ModelConfig(**{**values, **overrides})

@@ -132,7 +132,15 @@ class HFLayout:
       if field in hf and limits.size_field(hf[field], field, where) > ceiling:
         raise ConfigError(f"{where}: {field}={hf[field]:,} is over the import ceiling of "
                           f"{ceiling:,} parameters ({limits.HOW_TO_RAISE})")
-    claimed = matrix_params(self.config_from_hf(hf, None))
+    config = self.config_from_hf(hf, None)
+    # Every layer is built and traced by name, shared ones at every use: bound their number
+    # (a shared layer's claim costs no parameters, and a million would trace for hours).
+    depth = (config.num_encoder_layers * config.layer_repeats * config.has_encoder
+             + config.num_decoder_layers * config.has_decoder)
+    if depth > limits.MAX_LAYERS:
+      raise ConfigError(f"{where}: {depth:,} layer applications, over t5lite's limit of "
+                        f"{limits.MAX_LAYERS:,}")
+    claimed = matrix_params(config)
     named = ", ".join(f"{k}={hf[k]:,}" for k in self.size_fields if k in hf)
     limits.check_ceiling(claimed, f"{where} ({named})", ceiling)
     return claimed, f"{where} ({named})"
@@ -154,6 +162,27 @@ class HFLayout:
                           "needs")
       out[field] = limits.size_field(hf.get(key, defaults.get(key)), key, where)
     return out
+
+  @staticmethod
+  def number(hf: Mapping, key: str, default: float, *, low: float = 0.0,
+             high: float = float("inf"), low_open: bool = True) -> float:
+    """config.json's float setting `key` (absent or null: default), a finite JSON number in
+    (low, high) (low_open) or [low, high); a ConfigError names it otherwise."""
+    value = hf.get(key)
+    value = default if value is None else value
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+          and math.isfinite(value) and (value > low if low_open else value >= low)
+          and value < high)
+    if not ok:
+      bound = "(" if low_open else "["
+      raise ConfigError(f"config.json: {key}={hf.get(key)!r} is not a number in "
+                        f"{bound}{low}, {high})")
+    return float(value)
+
+  @staticmethod
+  def rate(hf: Mapping, key: str, default: float) -> float:
+    """A dropout probability in [0, 1)."""
+    return HFLayout.number(hf, key, default, high=1.0, low_open=False)
 
   @staticmethod
   def token_ids(hf: Mapping, vocab_size: int, bos_key: str, bos_default: int,
@@ -180,6 +209,20 @@ class HFLayout:
     if not isinstance(value, str) or value not in table:
       raise ConfigError(f"{key}={value!r} has no t5lite equivalent; supported: {sorted(table)}")
     return table[value]
+
+
+def legacy_norm_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """LayerNorm tensors under their current names: checkpoints of the original BERT release
+  (bert-base-uncased's files among them) say `LayerNorm.gamma` / `.beta`, which transformers
+  renames to `.weight` / `.bias` when it loads them."""
+  out = {}
+  for name, value in tensors.items():
+    if name.endswith(".gamma"):
+      name = name[:-len("gamma")] + "weight"
+    elif name.endswith(".beta"):
+      name = name[:-len("beta")] + "bias"
+    out[name] = value
+  return out
 
 
 def refuse(config: ModelConfig, model_type: str, needed: Mapping[str, object]) -> None:

@@ -130,11 +130,11 @@ class LlamaLayout(HFLayout):
         num_key_value_heads=0 if kv_heads == heads else kv_heads,
         mlp_activation=self.choice(hf, "hidden_act", FROM_HF_ACTIVATION, "silu"),
         norm="rms", norm_position="pre", use_bias=bool(attention_bias), scale_attention=True,
-        layer_norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+        layer_norm_epsilon=self.number(hf, "rms_norm_eps", 1e-6),
         position_encoding="rope", rope_theta=rope_theta(hf),
         max_position_embeddings=_optional_size(hf, "max_position_embeddings", 2048),
         tie_output_embedding=bool(hf.get("tie_word_embeddings", False)),
-        init_std=float(hf.get("initializer_range", 0.02)), dropout_rate=0.0,
+        init_std=self.number(hf, "initializer_range", 0.02), dropout_rate=0.0,
         **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 1, 2))  # <s>, </s>
     return ModelConfig(**{**values, **overrides})
 

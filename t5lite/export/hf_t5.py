@@ -32,7 +32,7 @@ SIZE_FIELDS = {"vocab_size": "vocab_size", "d_model": "d_model", "d_ff": "d_ff",
 # Options HF's T5 has no equivalent for, with the value it needs.
 T5_NEEDS = dict(norm="rms", norm_position="pre", position_encoding="relative_bias",
                 use_bias=False, scale_attention=False, num_key_value_heads=0,
-                scale_embeddings=False)
+                scale_embeddings=False, embedding_norm=False)
 
 
 def config_to_hf(config: ModelConfig) -> dict:
@@ -117,11 +117,11 @@ def config_from_hf(hf: Mapping, *, tied: bool, **overrides) -> ModelConfig:
       **sizes,
       mlp_activation=FROM_HF_ACTIVATION[proj],
       norm="rms",
-      layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
+      layer_norm_epsilon=HFLayout.number(hf, "layer_norm_epsilon", 1e-6),
       position_encoding="relative_bias",
       tie_output_embedding=tied,
       scale_logits=bool(scale),
-      dropout_rate=hf.get("dropout_rate", 0.1),  # HF's T5Config default
+      dropout_rate=HFLayout.rate(hf, "dropout_rate", 0.1),  # HF's T5Config default
       **HFLayout.token_ids(hf, sizes["vocab_size"], "decoder_start_token_id", 0, 1),
   )
   values.update(overrides)

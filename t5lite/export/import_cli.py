@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import warnings
 
 from t5lite.errors import ConfigError
@@ -71,8 +72,8 @@ def hf_vocabulary(source: str):
   """The vocabulary of an HF directory: spiece.model (extra ids from tokenizer_config.json,
   else T5's 100), ByT5's bytes, BERT's vocab.txt or GPT-2 / RoBERTa's vocab.json +
   merges.txt; None when none is there."""
-  from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
-                                        load_vocabulary)
+  from t5lite.data.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
+  from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary
   # Both are refused if they are symlinks out of `source` (limits.file_inside).
   config_path = limits.file_inside(source, "tokenizer_config.json")
   spiece = limits.file_inside(source, "spiece.model")
@@ -91,10 +92,12 @@ def hf_vocabulary(source: str):
     return SentencePieceVocabulary(spiece, 100 if extra_ids is None else extra_ids)
   if tokenizer_config.get("tokenizer_class") == "ByT5Tokenizer":
     return ByteVocabulary(125 if extra_ids is None else extra_ids)  # ByT5's default
-  files = ("vocab.txt", "vocab.json", "merges.txt")
-  found = [name for name in files if os.path.lexists(os.path.join(source, name))]
-  if found:
-    for name in found:  # refused if a symlink leads out of `source`, as the files above
-      limits.file_inside(source, name)
-    return load_vocabulary(source)  # WordPiece or byte-level BPE (t5lite.data.hf_vocabularies)
+  # BERT's vocab.txt, or GPT-2 / RoBERTa's vocab.json + merges.txt, read as an HF tokenizer
+  # folder (never a vocabulary.json in it, whose file names could point anywhere); each file
+  # is refused if a symlink leads out of `source`, as the files above.
+  for kind, names in ((WordPieceVocabulary, ("vocab.txt",)),
+                      (ByteLevelBPEVocabulary, ("vocab.json", "merges.txt"))):
+    paths = [limits.file_inside(source, name) for name in names]
+    if all(p is not None and os.path.isfile(p) for p in paths):
+      return kind._load_hf_directory(pathlib.Path(source))
   return None

@@ -105,8 +105,8 @@ def read_json(path: str, max_bytes: int = 64 << 20):
   try:
     with open(path, encoding="utf-8") as f:
       return json.load(f)
-  except (ValueError, UnicodeError) as e:
-    raise ConfigError(f"{path}: not valid JSON ({e})") from None
+  except (ValueError, UnicodeError, RecursionError) as e:  # RecursionError: absurd nesting
+    raise ConfigError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
 
 
 def positive_count(text: str) -> int:

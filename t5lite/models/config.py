@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -158,6 +159,9 @@ class ModelConfig:
     self._check_layer_options()
     if self.position_encoding == "rope" and self.d_kv % 2:
       raise ConfigError(f"rope needs an even d_kv, got {self.d_kv}")
+    if not (math.isfinite(self.layer_norm_epsilon) and self.layer_norm_epsilon > 0):
+      raise ConfigError(f"ModelConfig.layer_norm_epsilon must be a positive number, got "
+                        f"{self.layer_norm_epsilon}")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ConfigError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
 
@@ -194,6 +198,17 @@ class ModelConfig:
       if self.scan_layers:
         raise ConfigError("shared layers run as a loop over one set of parameters per group: "
                           "set scan_layers=False with shared_layer_groups")
+    if self.layers_per_group > 1 and not self.shared_layer_groups:
+      raise ConfigError("ModelConfig.layers_per_group applies to shared layers: set "
+                        "shared_layer_groups too")
+    if self.position_offset and self.position_encoding != "learned":
+      raise ConfigError("ModelConfig.position_offset shifts the 'learned' position table; this "
+                        f"model has position_encoding={self.position_encoding!r}")
+    if self.embedding_size and (self.scale_embeddings
+                                or self.position_encoding.startswith("sinusoidal")):
+      raise ConfigError("factorized embeddings (embedding_size) take learned, relative or rotary "
+                        "positions and no scale_embeddings (sinusoids and the sqrt(d_model) "
+                        "scale are of width d_model)")
     if self.sentence_classes and not self.pooler:
       raise ConfigError("ModelConfig.sentence_classes needs pooler=True (the classifier reads "
                         "the pooled first token)")
