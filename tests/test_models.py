@@ -281,8 +281,8 @@ def test_t5_v1_1_param_counts_match_published_and_hf(gin_size, published):
   assert ours == hf_count
 
 
-LOGICAL_NAMES = {"embed", "mlp", "heads", "kv", "vocab", "relpos_buckets", "classes", "layers",
-                 None}
+LOGICAL_NAMES = {"embed", "mlp", "heads", "kv_heads", "kv", "vocab", "relpos_buckets", "classes",
+                 "layers", None}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

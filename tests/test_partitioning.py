@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
+import t5lite
 from helpers import assert_trees_equal, jitted_apply, tiny
+from t5lite.models import ModelConfig
 from t5lite.models import abstract_params, init_params, make_model, param_logical_axes
 from t5lite.runtime.partitioning import (MeshConfig, activate, batch_sharding, global_batch,
                                          logical_axis_rules, make_mesh, param_shardings,
@@ -287,3 +289,20 @@ def test_activations_are_constrained_to_the_mesh():
   assert len(heads) >= 4 * 6  # q, k, v, out in 2 encoder + 2x2 decoder attentions
   assert len(embed) >= 2 + 4  # both embeddings and every layer's output
   assert not any(re.search(r'\{"fsdp"\}\]> : tensor<4x8x32', c) for c in constraints)
+
+
+def test_grouped_query_attention_shards_with_more_tensor_devices_than_kv_heads():
+  """2 key/value heads on a tensor axis of 4: query heads shard, key/value heads replicate
+  (their own logical axis), and the sharded logits equal the one-device ones."""
+  config = ModelConfig(architecture="decoder_only", vocab_size=128, d_model=32, d_ff=64,
+                       num_heads=4, num_key_value_heads=2, d_kv=8, num_decoder_layers=2,
+                       position_encoding="rope", mlp_activation="swiglu", scale_attention=True)
+  mesh, rules = mesh_of((2, 1, 4)), logical_axis_rules()
+  params = init_sharded(config, mesh, rules)
+  assert spec(params, "decoder/layers_0/attention/query/kernel") == P(None, "tensor", None)
+  assert spec(params, "decoder/layers_0/attention/key/kernel") == P(None, None, None)
+  tokens = np.random.RandomState(0).randint(1, 128, (2, 9))
+  with activate(mesh, rules):
+    sharded = t5lite.logits(config, params, tokens)
+  np.testing.assert_allclose(sharded, t5lite.logits(config, jax.device_get(params), tokens),
+                             rtol=1e-5, atol=1e-5)

@@ -209,11 +209,14 @@ class EncDecFeatureConverter(FeatureConverter):
        decoder_positions     = [0, 1, 2, 0, 1, 0, 0]
   An example's encoder and decoder segments share one id, which masks cross-attention.
   """
+  bos_id: int = 0
+  """The decoder start token at each segment start (ModelConfig.bos_id; T5's 0)."""
+
   def _required(self):
     return ("inputs", "targets")
 
   def _to_model(self, row):
-    return {**_encoder_features(row), **_decoder_features(row)}
+    return {**_encoder_features(row), **_decoder_features(row, self.bos_id)}
 
   def _model_lengths(self, lengths):
     return {**{k: lengths["inputs"] for k in ENCODER_KEYS},

@@ -27,6 +27,7 @@ from t5lite.data.checks import check_feature_lengths, require_int
 from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
+from t5lite.families import family_of
 from t5lite.runtime.metrics_writer import MetricsWriter
 from t5lite.runtime.model_dir import check_not_url
 
@@ -196,8 +197,12 @@ def infer(config: InferConfig) -> int:
                                                file=sys.stderr, disable=not primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
         chunk = texts[start:start + decode.batch_size]
-        rows = [np.append(vocab.encode(t)[:config.inputs_length - 1], vocab.eos_id)
-                for t in chunk]
+        # A prompt a causal LM continues ends where the text does (an EOS would end the
+        # document); an encoder's or a prefix LM's input ends with EOS, as in training.
+        causal = family_of(model_config).continues_prompts and not model_config.prefix_lm
+        ends = () if causal else (vocab.eos_id,)
+        rows = [np.append(vocab.encode(t)[:config.inputs_length - len(ends)],
+                          ends).astype(np.int32) for t in chunk]
         inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
         # Every process decodes (a collective over the mesh); generate returns host arrays.
         tokens = generate(model_config, params, inputs,

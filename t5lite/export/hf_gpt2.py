@@ -22,7 +22,7 @@ Config options: scale_attn_weights is our scale_attention; reorder_and_upcast_at
 only mixed-precision numerics (t5lite already computes attention logits and softmax in float32),
 so it is read and ignored; scale_attn_by_inverse_layer_idx and add_cross_attention have no
 t5lite equivalent and are refused. The three dropout rates become one dropout_rate (resid_pdrop).
-Export writes t5lite's token ids (BOS/pad 0, EOS 1), the ids its decoding uses.
+bos_token_id / eos_token_id are ModelConfig.bos_id / eos_id both ways (GPT-2's 50256).
 
 The published checkpoints (openai-community/gpt2 and its sizes) were saved from GPT2Model and
 name their tensors without `transformer.`; `checkpoint_tensors` renames them to the names above.

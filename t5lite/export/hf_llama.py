@@ -18,7 +18,7 @@ Rotary settings: transformers 5.x keeps them in `rope_parameters` ({rope_type, r
 type has a t5lite equivalent: scaled variants (linear, dynamic, yarn, llama3, ...) are refused
 by name. `attention_bias` and `mlp_bias` must agree (t5lite's use_bias covers both).
 LLaMA's residual stream has no dropout, so an import has dropout_rate 0 (attention_dropout
-is not read). Export writes both rope spellings and t5lite's token ids (BOS/pad 0, EOS 1).
+is not read). Export writes both rope spellings; bos_token_id / eos_token_id are ModelConfig.bos_id / eos_id.
 """
 from __future__ import annotations
 

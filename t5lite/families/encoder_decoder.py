@@ -24,7 +24,7 @@ class EncoderDecoderFamily(Family):
   hf_model_type = "t5"
 
   def converter(self, pack: bool = True) -> converters.FeatureConverter:
-    return converters.EncDecFeatureConverter(pack=pack)
+    return converters.EncDecFeatureConverter(pack=pack, bos_id=self.config.bos_id)
 
   def pretraining_preprocessors(self, vocabulary) -> list:
     """T5's span corruption (sentinels are the vocabulary's extra ids)."""

@@ -42,7 +42,9 @@ class EncoderOnlyFamily(Family):
   def loss_fn(self, params, batch, rng):
     """Token cross entropy over the MLM positions; plus, with a sentence head and
     `sentence_labels` in the batch, the sentence head's mean cross entropy (its sum, scaled by
-    this batch's normalizer / rows, so that loss = MLM mean + sentence mean as in HF)."""
+    this batch's normalizer / rows, so that loss = MLM mean + sentence mean as in HF). With
+    gradient accumulation the scale is each microbatch's own normalizer / rows: the sentence
+    means are then weighted by their microbatch's share of MLM tokens, not equally."""
     if not (self.config.sentence_classes and "sentence_labels" in batch):
       return super().loss_fn(params, batch, rng)
     dropout = rng is not None and self.config.dropout_rate > 0

@@ -107,6 +107,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     d, h, k, kvh = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.kv_heads
     heads_axes = ("embed", "heads", "kv")
+    # Grouped key/value heads are few (often fewer than the tensor axis): their own logical
+    # axis, which the rules replicate, as MaxText does.
+    kv_axes = heads_axes if kvh == h else ("embed", "kv_heads", "kv")
     query_std = d ** -0.5 if cfg.scale_attention else (d * k) ** -0.5
     query = dense(cfg, (d,), (h, k), heads_axes, query_std, "query")(x_q)
     if cfg.scale_attention:
@@ -116,13 +119,16 @@ class MultiHeadAttention(nn.Module):
       key = self.get_variable("cache", "cached_key")
       value = self.get_variable("cache", "cached_value")
     else:
-      key = dense(cfg, (d,), (kvh, k), heads_axes, d ** -0.5, "key")(x_kv)
-      value = dense(cfg, (d,), (kvh, k), heads_axes, d ** -0.5, "value")(x_kv)
+      key = dense(cfg, (d,), (kvh, k), kv_axes, d ** -0.5, "key")(x_kv)
+      value = dense(cfg, (d,), (kvh, k), kv_axes, d ** -0.5, "value")(x_kv)
     if cfg.position_encoding == "rope" and self.rotary:
       query = apply_rope(query, q_positions, cfg.rope_theta)
       key = apply_rope(key, kv_positions, cfg.rope_theta)
-    constrain = lambda t: nn.with_logical_constraint(t, ("batch", "length", "heads", "kv"))
-    query, key, value = constrain(query), constrain(key), constrain(value)  # (B, L, H, K)
+    constrain = lambda t, heads="heads": nn.with_logical_constraint(
+        t, ("batch", "length", heads, "kv"))
+    kv_heads = "heads" if kvh == h else "kv_heads"
+    query = constrain(query)  # (B, L, H, K)
+    key, value = constrain(key, kv_heads), constrain(value, kv_heads)  # (B, L, kvh, K)
     if self.cache == "self":
       key, value = self._append_to_cache(key, value, q_positions)  # (B, cache_length, H, K)
     elif self.cache == "cross" and not cross_cached:

@@ -69,16 +69,22 @@ def _run(config: ModelConfig, params: Params, input_ids, decoder_input_ids, toke
   return out[0] if single else out
 
 
-def logits(config: ModelConfig, params: Params, input_ids, decoder_input_ids=None,
-           token_type_ids=None) -> np.ndarray:
+def logits(config: ModelConfig, params: Params, input_ids=None, decoder_input_ids=None,
+           token_type_ids=None, *, encoder_input_tokens=None,
+           decoder_input_tokens=None) -> np.ndarray:
   """fp32 token logits of any family: (B, T, V) of an encoder-decoder for input_ids (B, S)
   and decoder_input_ids (B, T); (B, L, V) of a decoder-only LM or of an encoder's MLM head
   for input_ids (B, L) (token_type_ids (B, L) for models with token-type embeddings).
 
   No dropout, no padding mask from the tokens (as HF called without attention masks; for
   T5, 0 is both pad and decoder start); decoders are causal. 1-D inputs are a batch of one
-  and give (T, V).
+  and give (T, V). encoder_input_tokens / decoder_input_tokens are the encoder-decoder's
+  names (T5X's) for input_ids / decoder_input_ids.
   """
+  input_ids = encoder_input_tokens if input_ids is None else input_ids
+  decoder_input_ids = decoder_input_tokens if decoder_input_ids is None else decoder_input_ids
+  if input_ids is None:
+    raise ValueError("logits needs input_ids (or encoder_input_tokens)")
   return _run(config, params, input_ids, decoder_input_ids, token_type_ids, False)
 
 

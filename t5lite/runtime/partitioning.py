@@ -121,6 +121,7 @@ def logical_axis_rules(fsdp: bool = False) -> LogicalRules:
       ("length", None),
       ("relpos_buckets", None),
       ("classes", None),  # a sentence head's few classes: replicated
+      ("kv_heads", None),  # grouped-query key/value heads: replicated
       ("layers", None),  # scanned stacks: every device holds every layer (of its shard)
       ("embed", "fsdp" if fsdp else None),  # params only: activations lost 'fsdp' to batch
   ]
