@@ -58,3 +58,41 @@ def test_unpack_and_pad_examples():
   np.testing.assert_array_equal(batch["attention_mask"], [[1, 1, 1], [1, 1, 0]])
   np.testing.assert_array_equal(batch["labels"], [[3, 1, -100], [4, 5, 1]])
   assert hf_t5_train.useful_tokens(batch) == train_batches.t5lite_useful_tokens(packed) == 10
+
+
+FAMILY_KEYS = ("bench", "family", "tokens_per_s", "hf_tokens_per_s", "ratio_vs_hf",
+               "step0_loss", "step0_loss_diff", "cpu_model", "cpu_count", "load_avg_1m",
+               "others_cpu_fraction", "config", "length", "batch_size")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_family_bench_prints_one_json_line_and_both_sides_agree(family, capsys):
+  """BertForPreTraining (MLM + next sentence) and GPT2LMHeadModel vs t5lite's step on the same
+  tiny config, weights and batch: the step-0 losses agree, and after one AdamW update too."""
+  args = ["--family", family, "--model", "tiny", "--batch_size", "2", "--length", "32",
+          "--steps", "2", "--repeats", "1"]
+  assert bench.main(args) == 0
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert all(key in report for key in FAMILY_KEYS)
+  assert report["family"] == family and report["config"]["family"] == family
+  assert report["tokens_per_s"] > 0 and report["ratio_vs_hf"] > 0
+  assert report["tokens_per_run"] == 2 * 32 * 2
+  assert report["step0_loss_diff"] < 1e-4
+  np.testing.assert_allclose(report["warmup_losses"]["t5lite"], report["warmup_losses"]["hf"],
+                             rtol=1e-3)
+
+
+def test_family_batches_hold_the_same_examples_for_both_sides():
+  (t5,), (hf,) = train_batches.bert_batches(500, 3, 16, seed=0)
+  chosen = t5["mlm_loss_weights"] > 0
+  np.testing.assert_array_equal(hf["input_ids"], t5["encoder_input_tokens"])
+  np.testing.assert_array_equal(hf["token_type_ids"], t5["encoder_token_type_ids"])
+  np.testing.assert_array_equal(hf["labels"], np.where(chosen, t5["mlm_target_tokens"], -100))
+  np.testing.assert_array_equal(hf["next_sentence_label"], t5["sentence_labels"])
+  assert (hf["input_ids"][:, 0] == train_batches.BERT_CLS).all() and chosen.any(axis=1).all()
+  assert not chosen[:, 0].any() and not chosen[:, -1].any()  # [CLS] / [SEP] never predicted
+  (t5,), (hf,) = train_batches.gpt2_batches(500, 2, 8, seed=0)
+  np.testing.assert_array_equal(hf["input_ids"], t5["decoder_input_tokens"])
+  np.testing.assert_array_equal(t5["decoder_target_tokens"][:, :-1], hf["labels"][:, 1:])
+  assert t5["decoder_loss_weights"][:, -1].sum() == 0 and t5["decoder_loss_weights"][:, :-1].all()

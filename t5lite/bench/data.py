@@ -57,7 +57,8 @@ GOAL_RATIO = 2.0
 
 class _TokenIdsVocabulary:
   """The benchmark task's vocabulary: its documents are ids already, and span corruption
-  reads only `vocab_size` (sentinels count down from vocab_size - 1)."""
+  reads only `vocab_size` (sentinels count down from vocab_size - 1) and EOS (T5's 1)."""
+  eos_id = 1
 
   def __init__(self, vocab_size: int):
     self.vocab_size = vocab_size

@@ -29,25 +29,26 @@ several times more than XLA's work-stealing pool (ratios of 4-12x were seen on a
 Memory, after timing: each side runs one more step while a thread samples the process RSS;
 the peak above the RSS before it is that side's step memory. On a GPU: the devices' peaks.
 
+  --family bert|gpt2 the same harness against BertForPreTraining (MLM + next sentence) or
+                    GPT2LMHeadModel (t5lite.bench.family_train; default --family t5 is the
+                    T5 bench described here, unchanged).
+
   t5lite bench train                      # pretrain, the d_model 256 / 4+4 layer reference
+  t5lite bench train --family bert        # 8 x 128, hidden 256, 4 layers, vocab 30522
+  t5lite bench train --family gpt2        # 8 x 512, hidden 256, 4 layers, vocab 50257
   t5lite bench train --mode finetune --steps 4 --repeats 5
   t5lite bench train --model t5_1_1_base --batch_size 128 --dtype bfloat16 --no_hf   # GPU, MFU
 """
 from __future__ import annotations
 
 import argparse
-import functools
-import gc
 import json
 import os
-import statistics
 import sys
-import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from t5lite.bench import machine
+from t5lite.bench.train_timing import HFSide, T5liteSide, _median, _table, measure
 from t5lite.bench.train_batches import (finetune_batches, pretrain_batches,
                                         t5lite_useful_tokens)
 
@@ -63,7 +64,6 @@ MODELS: dict[str, dict[str, Any]] = {
     "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, d_kv=64, num_encoder_layers=24,
                          num_decoder_layers=24),
 }
-GOALS = {"pretrain": 1.2, "finetune": 2.0}
 
 
 def model_config(name: str, dtype: str = "float32", vocab_size: int | None = None):
@@ -76,76 +76,28 @@ def model_config(name: str, dtype: str = "float32", vocab_size: int | None = Non
   return ModelConfig(**values)
 
 
-class T5liteSide:
-  """The trainer's step (windowed_train_step: the update plus the on-device metrics window),
-  compiled ahead of time, donating its state."""
-
-  def __init__(self, config, params, optimizer_config, batches):
-    import jax
-    from t5lite.families import family_of
-    from t5lite.train.optimizers import make_optimizer
-    from t5lite.train.step import StepConfig, new_window, windowed_train_step
-    from t5lite.train.train_state import TrainState
-    self.jax = jax
-    step_config = StepConfig(z_loss=0.0)  # HF's loss has no z-loss
-    family = family_of(config, step_config.loss_options())
-    optimizer = make_optimizer(optimizer_config, family.param_logical_axes())
-    self.batches = [jax.device_put({k: np.asarray(v, np.int32) for k, v in b.items()})
-                    for b in batches]
-    self.state = jax.jit(TrainState.create, static_argnums=1)(params, optimizer)
-    self.window = jax.device_put(new_window())
-    fn = functools.partial(windowed_train_step, family=family, optimizer=optimizer,
-                           step_config=step_config)
-    start = time.perf_counter()
-    self.compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(
-        self.state, self.window, self.batches[0]).compile()
-    self.compile_s = time.perf_counter() - start
-
-  def run(self, batches=None) -> list:
-    losses = []
-    for batch in batches or self.batches:
-      self.state, self.window, metrics = self.compiled(self.state, self.window, batch)
-      losses.append(metrics["loss"])
-    self.jax.block_until_ready((self.state, losses))
-    return [float(x) for x in losses]
-
-  def compiled_temp_bytes(self) -> int | None:
-    analysis = self.compiled.memory_analysis()
-    return None if analysis is None else int(analysis.temp_size_in_bytes)
-
-  def peak_device_bytes(self) -> int | None:
-    stats = self.jax.devices()[0].memory_stats()
-    return None if not stats else stats.get("peak_bytes_in_use")
-
-
-class HFSide:
-  """HFTrainer stepping through its batch list."""
-
-  def __init__(self, trainer, batches):
-    self.trainer = trainer
-    self.batches = [trainer.to_device(b) for b in batches]
-
-  def run(self, batches=None) -> list:
-    losses = [self.trainer.step(batch) for batch in batches or self.batches]
-    self.trainer.synchronize()
-    return [float(x) for x in losses]
-
-
-def _median(values: Sequence[float]) -> float:
-  return float(statistics.median(values))
-
-
 def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size: int = 8,
         inputs_length: int = 512, targets_length: int = 114, steps: int = 3, repeats: int = 5,
         dtype: str = "float32", learning_rate: float = 1e-3, threads: int = 2,
         hf: bool = True, seed: int = 0, quiet_wait_s: float = 0.0,
-        log: Callable[[str], Any] | None = print) -> dict:
+        log: Callable[[str], Any] | None = print, family: str = "t5",
+        length: int | None = None) -> dict:
   """Runs the benchmark; returns the figures of the final JSON line.
 
   config: a ModelConfig to use instead of the `model` preset (its vocab_size is replaced by
   the task's, rounded up to a multiple of 128, in finetune mode). quiet_wait_s: wait up to
   this long, before the timed runs, for other processes to leave the CPUs (0: don't wait).
+  family: 't5' (this function), 'bert' or 'gpt2' (t5lite.bench.family_train: pretrain mode,
+  `length` tokens a row, model 'bench' or 'tiny'; inputs/targets_length and config unused).
   """
+  if family != "t5":
+    from t5lite.bench import family_train
+    if mode != "pretrain" or config is not None:
+      raise ValueError(f"family {family!r} benchmarks pretrain mode on a preset model only")
+    return family_train.run(family=family, model=model, batch_size=batch_size, length=length,
+                            steps=steps, repeats=repeats, dtype=dtype,
+                            learning_rate=learning_rate, threads=threads, hf=hf, seed=seed,
+                            quiet_wait_s=quiet_wait_s, log=log)
   import jax
   from t5lite.models import count_params, init_params
   from t5lite.families import family_of
@@ -192,34 +144,11 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
   del params  # donated with the state
   sides = {"t5lite": t5lite, **({"hf": sides["hf"]} if hf else {})}  # t5lite runs first
 
-  first_step_s = {}
-  for name, side in sides.items():  # warm-up: 2 steps on the first batches, losses kept
-    start = time.perf_counter()
-    warmup_losses[name] = side.run(side.batches[:1]) + side.run(side.batches[1:2] or
-                                                                side.batches[:1])
-    first_step_s[name] = time.perf_counter() - start
+  timing = measure(sides, repeats, quiet_wait_s, log)
+  first_step_s, wall, cpu = timing.first_step_s, timing.wall, timing.cpu
+  others_cpu, load_after, step_memory = timing.others_cpu, timing.load_after, timing.step_memory
+  warmup_losses.update(timing.warmup_losses)
   step0_loss["t5lite"] = warmup_losses["t5lite"][0]
-
-  wall: dict[str, list[float]] = {name: [] for name in sides}
-  cpu: dict[str, list[float]] = {name: [] for name in sides}
-  others_cpu: list[float] = []
-  deadline = time.monotonic() + quiet_wait_s
-  for _ in range(repeats):
-    if quiet_wait_s > 0:  # before every pair: contention spoils a pair, not the median
-      machine.wait_for_quiet(max(0.0, deadline - time.monotonic()), log=log)
-    for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
-      gc.collect()  # neither side pays for the other's garbage
-      others = machine.OthersCpu().start()
-      w, c = time.perf_counter(), time.process_time()
-      side.run()
-      wall[name].append(time.perf_counter() - w)
-      cpu[name].append(time.process_time() - c)
-      fraction = others.stop()
-      if fraction is not None:
-        others_cpu.append(fraction)
-  load_after = os.getloadavg()
-  step_memory = {name: machine.peak_rss_above(functools.partial(side.run, side.batches[:1]))
-                 for name, side in sides.items()}
 
   rate = {name: tokens_per_run / _median(wall[name]) for name in sides}
   steps_run = {"t5lite": len(t5lite_batches), "hf": len(hf_batches)}
@@ -284,39 +213,20 @@ def _padding_efficiency(t5lite_batches, hf_batches) -> dict:
   return out
 
 
-def _table(report: dict, wall: dict, tokens: int) -> str:
-  """The human-readable part of the report."""
-  lines = [f"{'side':8} {'tokens/s (median)':>18} {'min':>8} {'max':>8} {'step s':>8} "
-           f"{'compile/warm-up s':>18} {'step RSS MB':>12}"]
-  for name in wall:
-    rates = [tokens / w for w in wall[name]]
-    first = (report["t5lite_compile_s"] if name == "t5lite" else
-             report["first_two_steps_s"][name])
-    lines.append(f"{name:8} {statistics.median(rates):18.0f} {min(rates):8.0f} {max(rates):8.0f} "
-                 f"{report[name + '_step_s']:8.3f} {first:18.2f} "
-                 f"{report['step_peak_rss_mb'][name] or 0:12.0f}")
-  ratio, goal = report["ratio_vs_hf"], GOALS[report["mode"]]
-  if ratio is not None:
-    lines.append(f"ratio t5lite / HF: {ratio:.2f}x (goal {goal}x: "
-                 f"{'met' if ratio >= goal else 'NOT met'}); step-0 loss t5lite "
-                 f"{report['step0_loss']['t5lite']:.5f} vs HF {report['step0_loss']['hf']:.5f}")
-  lines.append(f"{report['repeats']} interleaved runs of {tokens} {report['tokens_counted']} "
-               f"tokens; padding efficiency {report['padding_efficiency']}; cpu/wall "
-               f"{report['cpu_per_wall']}; load {report['load_avg_1m']}, other processes used "
-               f"{report['others_cpu_fraction']} (median, max) of the CPUs while timing")
-  if report["mfu_t5lite"] is not None:
-    lines.append(f"t5lite MFU {100 * report['mfu_t5lite']:.1f}% on {report['device_kind']}")
-  return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   """`t5lite bench train [--mode pretrain|finetune] [--model NAME] ...`: table + JSON line."""
   parser = argparse.ArgumentParser(
       prog="t5lite bench train",
       description="Train-step throughput, t5lite vs HF transformers' PyTorch T5, side by side.")
+  parser.add_argument("--family", choices=("t5", "bert", "gpt2"), default="t5",
+                      help="t5: vs T5ForConditionalGeneration; bert: vs BertForPreTraining "
+                      "(MLM 15%% + next sentence); gpt2: vs GPT2LMHeadModel (pretrain mode)")
   parser.add_argument("--mode", choices=("pretrain", "finetune"), default="pretrain")
   parser.add_argument("--model", choices=sorted(MODELS), default="bench",
-                      help="'bench': d_model 256, d_ff 1024, 4 heads of 64, 4+4 layers")
+                      help="'bench': d_model 256, d_ff 1024, 4 heads of 64, 4+4 layers "
+                      "(bert / gpt2: 4 layers; 'bench' or 'tiny' only)")
+  parser.add_argument("--length", type=int, default=None,
+                      help="bert / gpt2: tokens a row (default: bert 128, gpt2 512)")
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--inputs_length", type=int, default=512)
   parser.add_argument("--targets_length", type=int, default=114)
@@ -334,11 +244,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   if min(args.batch_size, args.inputs_length, args.targets_length, args.steps, args.repeats,
          args.threads) < 1:
     parser.error("sizes, --steps, --repeats and --threads must be positive")
+  if args.family != "t5":
+    if args.mode != "pretrain":
+      parser.error(f"--family {args.family} benchmarks --mode pretrain only")
+    if args.model not in ("bench", "tiny"):
+      parser.error(f"--family {args.family} has the models 'bench' and 'tiny'")
+    if args.length is not None and args.length < (5 if args.family == "bert" else 2):
+      parser.error("--length is too short for a row")
+  elif args.length is not None:
+    parser.error("--length is for --family bert / gpt2 (T5: --inputs_length, --targets_length)")
   report = run(mode=args.mode, model=args.model, batch_size=args.batch_size,
                inputs_length=args.inputs_length, targets_length=args.targets_length,
                steps=args.steps, repeats=args.repeats, dtype=args.dtype,
                learning_rate=args.learning_rate, threads=args.threads, hf=not args.no_hf,
-               seed=args.seed, quiet_wait_s=args.quiet_wait_s)
+               seed=args.seed, quiet_wait_s=args.quiet_wait_s, family=args.family,
+               length=args.length)
   print(json.dumps(report), flush=True)
   return 0
 

@@ -257,5 +257,27 @@ class LogitsHead(nn.Module):
     if self.bias:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                         (cfg.vocab_size,), cfg.storage_dtype)
-      logits = logits + bias.astype(jnp.float32)
+      logits = add_vocab_bias(logits, bias.astype(jnp.float32))
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+@jax.custom_vjp
+def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
+  """logits (..., V) + bias (V,). The bias gradient, the column sums of the logits' gradient,
+  is taken as a matrix-vector product: XLA:CPU reduces a (tokens, 30k) array over its rows
+  about 20x slower than it multiplies it by a vector of ones (118 vs 5 ms for 1024 x 30522),
+  which made the reduce the third-costliest op of a BERT step."""
+  return logits + bias
+
+
+def _add_vocab_bias_fwd(logits, bias):
+  return logits + bias, None
+
+
+def _add_vocab_bias_bwd(_, g):
+  flat = g.reshape(-1, g.shape[-1])  # (tokens, V)
+  ones = jnp.ones((flat.shape[0],), flat.dtype)
+  return g, jax.lax.dot_general(ones, flat, (((0,), (0,)), ((), ())))
+
+
+add_vocab_bias.defvjp(_add_vocab_bias_fwd, _add_vocab_bias_bwd)
