@@ -170,3 +170,45 @@ def test_shared_layers_are_one_layer_applied_at_every_slot():
 def test_impossible_layer_options_are_named(changes, message):
   with pytest.raises(ConfigError, match=message):
     tiny(**changes)
+
+
+@pytest.mark.parametrize("per_row", [3, 12])
+def test_mlm_loss_on_the_chosen_positions_equals_the_loss_over_every_position(per_row):
+  """The encoder-only loss runs its MLM head on each row's weighted positions (8 slots for a
+  row of 16); with more chosen than that (12) it runs on every position. Loss, sums and
+  gradients equal those of the head over every position."""
+  from t5lite.families import family_of, token_loss_sums
+  config = tiny(architecture="encoder_only", family="bert", num_decoder_layers=0,
+                norm="layer", norm_position="post", use_bias=True, scale_attention=True,
+                position_encoding="learned", max_position_embeddings=32, type_vocab_size=2,
+                embedding_norm=True, tie_output_embedding=True, pooler=True,
+                sentence_classes=2, mlp_activation="gelu_exact")
+  family = family_of(config)
+  params = init_params(config, 0)
+  rng = np.random.RandomState(per_row)
+  weights = np.zeros((3, 16), np.float32)
+  for row in weights:
+    row[rng.choice(16, per_row, replace=False)] = 1.0
+  batch = dict(encoder_input_tokens=rng.randint(3, 128, (3, 16)),
+               encoder_segment_ids=np.ones((3, 16), np.int32),
+               encoder_token_type_ids=rng.randint(0, 2, (3, 16)),
+               mlm_target_tokens=rng.randint(3, 128, (3, 16)), mlm_loss_weights=weights,
+               sentence_labels=rng.randint(0, 2, (3,)))
+  batch = jax.tree.map(jax.numpy.asarray, batch)
+
+  def reference(params):
+    logits, sentence = family.make_model().apply(
+        {"params": params}, **family.model_inputs(batch), with_sentence_logits=True)
+    loss_sum, sums = token_loss_sums(logits, batch["mlm_target_tokens"], batch["mlm_loss_weights"],
+                                     batch["encoder_segment_ids"], family.loss)
+    nll = -jax.nn.log_softmax(sentence)[jax.numpy.arange(3), batch["sentence_labels"]]
+    return loss_sum + nll.sum() * sums["normalizer"] / 3, sums
+
+  (ours, ours_sums), ours_grads = jax.value_and_grad(
+      lambda p: family.loss_fn(p, batch, None), has_aux=True)(params)
+  (want, want_sums), want_grads = jax.value_and_grad(reference, has_aux=True)(params)
+  np.testing.assert_allclose(ours, want, rtol=1e-6)
+  for key in ("weight_sum", "correct", "normalizer"):
+    np.testing.assert_allclose(ours_sums[key], want_sums[key], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(ours_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # summation order

@@ -17,6 +17,14 @@ import jax.numpy as jnp
 
 from t5lite.data import converters, pretraining
 from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
+from t5lite.models import losses
+
+
+def mlm_slots(length: int) -> int:
+  """Positions per row the MLM head runs on: a quarter of the row (BERT chooses 15%), in
+  multiples of 8. Example: 128 -> 32, 512 -> 128, 10 -> 8."""
+  quarter = -(-length // 4)  # ceil(L / 4)
+  return min(length, (quarter + 7) // 8 * 8)
 from t5lite.families.registry import register
 
 
@@ -44,17 +52,23 @@ class EncoderOnlyFamily(Family):
     `sentence_labels` in the batch, the sentence head's mean cross entropy (its sum, scaled by
     this batch's normalizer / rows, so that loss = MLM mean + sentence mean as in HF). With
     gradient accumulation the scale is each microbatch's own normalizer / rows: the sentence
-    means are then weighted by their microbatch's share of MLM tokens, not equally."""
-    if not (self.config.sentence_classes and "sentence_labels" in batch):
-      return super().loss_fn(params, batch, rng)
+    means are then weighted by their microbatch's share of MLM tokens, not equally.
+
+    The MLM head (a d_model x vocab product, most of a small BERT's step) runs on the chosen
+    positions only, as BERT's own code gathers its `masked_lm_positions`: each row's first
+    MLM_SLOTS(L) weighted positions, when no row has more (else on every position, the same
+    numbers); the loss is the same as over all positions, whose other weights are 0."""
     dropout = rng is not None and self.config.dropout_rate > 0
     model = self.make_model(enable_dropout=dropout)
-    logits, sentence = model.apply({"params": params}, **self.model_inputs(batch),
-                                   with_sentence_logits=True,
-                                   rngs={"dropout": rng} if dropout else None)
+    apply = lambda method, *args: model.apply(  # noqa: E731
+        {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None)
+    states = apply("hidden_states", *[batch.get(k) for k in model.INPUTS])  # (B, L, D)
     target_key, weight_key, segment_key = self.target_features
-    loss_sum, sums = token_loss_sums(logits, batch[target_key], batch.get(weight_key),
-                                     batch.get(segment_key), self.loss)
+    loss_sum, sums = self._mlm_loss(apply, states, batch[target_key], batch.get(weight_key),
+                                    batch.get(segment_key))
+    if not (self.config.sentence_classes and "sentence_labels" in batch):
+      return loss_sum, sums
+    sentence = apply("sentence_logits", states)  # (B, C)
     labels = batch["sentence_labels"].astype(jnp.int32)  # (B,)
     log_probs = jax.nn.log_softmax(sentence.astype(jnp.float32))  # (B, C)
     sentence_nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
@@ -63,6 +77,27 @@ class EncoderOnlyFamily(Family):
     sums = dict(sums, sentence_loss=jnp.sum(sentence_nll), sentence_rows=rows,
                 sentence_correct=jnp.sum(jnp.argmax(sentence, -1) == labels).astype(jnp.float32))
     return loss_sum, sums
+
+  def _mlm_loss(self, apply, states, targets, weights, segment_ids):
+    """token_loss_sums of the MLM head, on the weighted positions when they fit the slots."""
+    full = lambda: token_loss_sums(apply("mlm_logits", states), targets, weights,  # noqa: E731
+                                   segment_ids, self.loss)
+    slots = mlm_slots(targets.shape[1])
+    # NUM_TOTAL_TARGET_TOKENS counts every position, AVERAGE_PER_SEQUENCE every segment.
+    if (weights is None or slots >= targets.shape[1]
+        or self.loss.loss_normalizing_factor in (losses.NUM_TOTAL_TARGET_TOKENS,
+                                                 losses.AVERAGE_PER_SEQUENCE)):
+      return full()
+    chosen = weights > 0  # (B, L)
+    # Each row's weighted positions first (stable: in order), then the rest.
+    order = jnp.argsort(~chosen, axis=1, stable=True)[:, :slots]  # (B, K)
+    take = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
+
+    def gathered():
+      picked = jnp.take_along_axis(states, order[:, :, None], axis=1)  # (B, K, D)
+      return token_loss_sums(apply("mlm_logits", picked), take(targets), take(weights),
+                             None if segment_ids is None else take(segment_ids), self.loss)
+    return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots), gathered, full)
 
   def metrics(self, sums, normalizer):
     out = super().metrics(sums, normalizer)

@@ -148,19 +148,31 @@ class EncoderOnly(_Model):
                encoder_token_type_ids=None, with_sentence_logits=False):
     """MLM logits (B, L, V) in float32; with_sentence_logits: also the pooled output's
     (B, sentence_classes) float32 logits, or the pooled states (B, D) without a classifier."""
+    x = self.hidden_states(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                           encoder_token_type_ids)  # (B, L, D)
+    logits = self.mlm_logits(x)
+    return (logits, self.sentence_logits(x)) if with_sentence_logits else logits
+
+  def hidden_states(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+                    encoder_token_type_ids=None):
+    """The encoder's final states (B, L, D), which the heads read."""
+    return self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                        encoder_token_type_ids)
+
+  def mlm_logits(self, x):
+    """The MLM head on states (B, K, D) of any K positions: float32 logits (B, K, V)."""
+    act = ACTIVATION_FNS[self.config.mlp_activation]
+    return self.logits_dense(self.mlm_norm(act(self.mlm_transform(x))))
+
+  def sentence_logits(self, x):
+    """The pooler (and the sentence classifier) on the first token of states (B, L, D)."""
     cfg = self.config
-    x = self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                     encoder_token_type_ids)  # (B, L, D)
-    act = ACTIVATION_FNS[cfg.mlp_activation]
-    logits = self.logits_dense(self.mlm_norm(act(self.mlm_transform(x))))
-    if not with_sentence_logits:
-      return logits
     if not cfg.pooler:
       raise ValueError("with_sentence_logits needs a config with pooler=True")
     pooled = jnp.tanh(self.pooler(x[:, 0]))  # (B, D)
     if cfg.sentence_classes:
       pooled = self.sentence_classifier(pooled).astype(jnp.float32)  # (B, C)
-    return logits, pooled
+    return pooled
 
 
 MODEL_CLASSES = {
