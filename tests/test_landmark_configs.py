@@ -110,8 +110,7 @@ def test_config_is_what_importing_the_published_config_json_gives(path):
   config.json, and exports back without a refusal."""
   from t5lite.export import hf, hf_layout
   hf_dict = hf_config(path).to_dict()
-  if hf_dict["model_type"] not in hf_layout.supported():
-    pytest.skip(f"no HF layout for {hf_dict['model_type']!r} yet")
+  assert hf_dict["model_type"] in hf_layout.supported()
   ours = model_config(path)
   imported = hf.config_from_hf(hf_dict)
   differ = {f: (getattr(ours, f), getattr(imported, f)) for f in ours.to_dict()

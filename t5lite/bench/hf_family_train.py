@@ -11,10 +11,6 @@ the same network. HF's weights are t5lite's init, converted by the layout (param
 loaded with load_state_dict, so both start identical. The step is HFTrainer's
 (hf_t5_train): loss.backward(), fused torch AdamW (rank >= 2 params decay, as t5lite's AdamW),
 zero_grad(set_to_none=True); no clipping, no dropout (0 in the config on both sides).
-
-GPT-2's layout (t5lite.export.hf_gpt2) is used when it is registered; until then the config and
-the weights are converted here (`_gpt2_config_by_hand`, `_gpt2_tensors_by_hand`), as GPT-2's
-GPT2LMHeadModel lays them out (Conv1D weights are (in, out), q/k/v fused in c_attn).
 """
 from __future__ import annotations
 
@@ -54,72 +50,16 @@ def hf_config(family: str, size: str = "bench", max_positions: int = MAX_POSITIO
   raise ValueError(f"family {family!r} is not one of {FAMILIES}")
 
 
-def _layout(model_type: str):
-  from t5lite.export import hf as _registers  # noqa: F401 (imports every layout)
-  from t5lite.export import hf_layout
-  return hf_layout.for_model_type(model_type) if model_type in hf_layout.supported() else None
-
-
 def t5lite_config(hf: dict, dtype: str = "float32") -> ModelConfig:
   """The t5lite ModelConfig equal to an HF config dict (the family's HF layout reads it)."""
-  layout = _layout(hf["model_type"])
-  if layout is not None:
-    config = layout.config_from_hf(hf, None)
-  elif hf["model_type"] == "gpt2":
-    config = _gpt2_config_by_hand(hf)
-  else:
-    raise ValueError(f"no HF layout for model_type {hf['model_type']!r}")
-  return config.replace(dtype=dtype, dropout_rate=0.0)
-
-
-def _gpt2_config_by_hand(hf: dict) -> ModelConfig:
-  """GPT2LMHeadModel's options as a ModelConfig (until t5lite.export.hf_gpt2 lands)."""
-  return ModelConfig(
-      architecture="decoder_only", family="gpt2", vocab_size=hf["vocab_size"],
-      d_model=hf["n_embd"], d_ff=hf["n_inner"] or 4 * hf["n_embd"], num_heads=hf["n_head"],
-      d_kv=hf["n_embd"] // hf["n_head"], num_decoder_layers=hf["n_layer"], norm="layer",
-      layer_norm_epsilon=hf["layer_norm_epsilon"], norm_position="pre", use_bias=True,
-      scale_attention=True, mlp_activation="gelu", position_encoding="learned",
-      max_position_embeddings=hf["n_positions"], tie_output_embedding=True,
-      init_std=hf["initializer_range"], dropout_rate=hf["resid_pdrop"])
+  from t5lite.export import hf as hf_export  # imports (registers) every layout
+  return hf_export.config_from_hf(hf).replace(dtype=dtype, dropout_rate=0.0)
 
 
 def hf_tensors(config: ModelConfig, params) -> dict[str, np.ndarray]:
   """t5lite params as the HF model's state dict (numpy)."""
-  if _layout(config.family) is not None:
-    from t5lite.export import hf as hf_export
-    return hf_export.params_to_hf(config, params)
-  if config.family == "gpt2":
-    return _gpt2_tensors_by_hand(config, params)
-  raise ValueError(f"no HF layout for family {config.family!r}")
-
-
-def _gpt2_tensors_by_hand(config: ModelConfig, params) -> dict[str, np.ndarray]:
-  """GPT2LMHeadModel's state dict from t5lite decoder-only params (unscanned)."""
-  flat = lambda a: np.asarray(a).reshape(a.shape[0], -1)  # (D, H, K) -> (D, H*K)  # noqa: E731
-  vec = lambda a: np.asarray(a).reshape(-1)  # noqa: E731
-  dec = params["decoder"]
-  out = {"transformer.wte.weight": np.asarray(params["token_embedder"]["embedding"]),
-         "transformer.wpe.weight": np.asarray(dec["position_embedder"]["embedding"]),
-         "transformer.ln_f.weight": vec(dec["decoder_norm"]["scale"]),
-         "transformer.ln_f.bias": vec(dec["decoder_norm"]["bias"])}
-  for i in range(config.num_decoder_layers):
-    layer, h = dec[f"layers_{i}"], f"transformer.h.{i}"
-    att = layer["attention"]
-    out[f"{h}.attn.c_attn.weight"] = np.concatenate(
-        [flat(att[n]["kernel"]) for n in ("query", "key", "value")], axis=1)  # Conv1D (in, out)
-    out[f"{h}.attn.c_attn.bias"] = np.concatenate(
-        [vec(att[n]["bias"]) for n in ("query", "key", "value")])
-    out[f"{h}.attn.c_proj.weight"] = np.asarray(att["out"]["kernel"]).reshape(
-        -1, config.d_model)  # (H, K, D) -> (H*K, D)
-    out[f"{h}.attn.c_proj.bias"] = vec(att["out"]["bias"])
-    for ours, theirs in (("pre_attention_layer_norm", "ln_1"), ("pre_mlp_layer_norm", "ln_2")):
-      out[f"{h}.{theirs}.weight"] = vec(layer[ours]["scale"])
-      out[f"{h}.{theirs}.bias"] = vec(layer[ours]["bias"])
-    for ours, theirs in (("wi", "c_fc"), ("wo", "c_proj")):
-      out[f"{h}.mlp.{theirs}.weight"] = np.asarray(layer["mlp"][ours]["kernel"])
-      out[f"{h}.mlp.{theirs}.bias"] = vec(layer["mlp"][ours]["bias"])
-  return out
+  from t5lite.export import hf as hf_export
+  return hf_export.params_to_hf(config, params)
 
 
 def model_from_t5lite(hf: dict, config: ModelConfig, params, device: str = "cpu"):
