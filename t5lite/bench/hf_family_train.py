@@ -89,19 +89,13 @@ def model_from_t5lite(hf: dict, config: ModelConfig, params, device: str = "cpu"
 class HFFamilyTrainer(HFTrainer):
   """HFTrainer's step, optimizer and helpers on BertForPreTraining / GPT2LMHeadModel."""
 
-  def __init__(self, hf: dict, config: ModelConfig, params, *, learning_rate: float, b1: float,
-               b2: float, eps: float, weight_decay: float, device: str = "cpu",
-               num_threads: int | None = None):
-    import torch
-    from t5lite.bench.hf_t5_train import make_adamw
-    self.torch = torch
-    if num_threads:
-      torch.set_num_threads(num_threads)
-    self.device = device
-    self.model = model_from_t5lite(hf, config, params, device)
-    self.optimizer = make_adamw(self.model, learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
-                                weight_decay=weight_decay)
-    self.autocast_dtype = None if config.dtype == "float32" else getattr(torch, config.dtype)
+  def __init__(self, hf: dict, config: ModelConfig, params, **settings):
+    """settings: HFTrainer's (learning_rate, b1, b2, eps, weight_decay, device, num_threads)."""
+    self.hf = hf
+    super().__init__(config, params, **settings)
+
+  def make_model(self, config: ModelConfig, params, device: str):
+    return model_from_t5lite(self.hf, config, params, device)
 
 
 def useful_tokens(batch: dict[str, Any]) -> int:

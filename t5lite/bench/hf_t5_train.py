@@ -102,10 +102,14 @@ class HFTrainer:
     if num_threads:
       torch.set_num_threads(num_threads)
     self.device = device
-    self.model = model_from_t5lite(config, params, device)
+    self.model = self.make_model(config, params, device)
     self.optimizer = make_adamw(self.model, learning_rate=learning_rate, b1=b1, b2=b2, eps=eps,
                                 weight_decay=weight_decay)
     self.autocast_dtype = None if config.dtype == "float32" else getattr(torch, config.dtype)
+
+  def make_model(self, config: ModelConfig, params, device: str):
+    """The HF model holding t5lite's params (T5ForConditionalGeneration here)."""
+    return model_from_t5lite(config, params, device)
 
   def to_device(self, batch: dict[str, np.ndarray]) -> dict:
     """A batch as torch tensors on the model's device (done before any timing)."""
