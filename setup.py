@@ -32,6 +32,8 @@ setup(
         # 0.19.1, 0.20.0 and 0.23.3 train identical vocabularies and give identical ids.
         "tokenizers>=0.15.2",
         "gin-config>=0.5.0",
+        # Sentence splitting of the embedded corpus for sentence-pair pretraining (NSP/SOP).
+        "pysbd>=0.3.4",
         "numpy>=2.0",
         "safetensors>=0.6.0",
         "array-record>=0.8.0",
@@ -48,7 +50,9 @@ setup(
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
-        "test": ["pytest>=8.0", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0"],
+        "test": ["pytest>=8.0", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
+                 # seqeval: the reference the NER entity-F1 metric is tested against.
+                 "seqeval>=1.2.2"],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
 )

@@ -53,6 +53,14 @@ class Task:
   metric_fns: functions (targets, predictions) -> {name: value}.
   shuffle_buffer_size: None shuffles each split fully (a seeded index permutation);
     an int shuffles within windows of that many examples.
+  head: None for a token-prediction task (text-to-text, LM, MLM). A finetuning head's name
+    ('sequence_classification', 'token_classification', 'question_answering',
+    'multiple_choice') for a task whose examples carry that head's labels (see
+    t5lite.families.heads): the model must have ModelConfig.head equal to it. Its metric fns
+    then get postprocess_fn(None, example=ex, is_target=True) as targets and
+    postprocess_fn(head_output, example=ex, is_target=False) as predictions, where
+    head_output is the example's float32 head logits (numpy, padding cut off).
+  num_labels: the head's number of classes (labels, tags; 1 for regression).
   """
   name: str
   source: Mapping[str, Any] | SourceFactory
@@ -61,9 +69,14 @@ class Task:
   postprocess_fn: Callable | None = None
   metric_fns: Sequence[Callable] = ()
   shuffle_buffer_size: int | None = None
+  head: str | None = None
+  num_labels: int | None = None
 
   def __post_init__(self):
     validate_name(self.name, "task")
+    if self.head is not None and not (isinstance(self.num_labels, int) and self.num_labels >= 1):
+      raise ConfigError(f"task {self.name!r}: a {self.head!r} task needs num_labels >= 1 "
+                        f"(got {self.num_labels!r})")
     if sum(p is CACHE_POINT for p in self.preprocessors) > 1:
       raise ConfigError(f"task {self.name!r}: CACHE_POINT may appear at most once")
     if not self.output_features:
