@@ -129,7 +129,8 @@ class Family(abc.ABC):
 
   def logits(self, params: Tree, batch: Batch, rng: jax.Array | None = None) -> jax.Array:
     """The network's output on a batch; rng None: no dropout."""
-    dropout = rng is not None and self.config.dropout_rate > 0
+    config = self.config
+    dropout = rng is not None and (config.dropout_rate > 0 or bool(config.classifier_dropout))
     model = self.make_model(enable_dropout=dropout)
     return model.apply({"params": params}, **self.model_inputs(batch),
                        rngs={"dropout": rng} if dropout else None)
@@ -156,6 +157,9 @@ class Family(abc.ABC):
   # --- decoding and scoring -----------------------------------------------------------------
 
   def _check_decodes(self) -> None:
+    if self.config.head:
+      raise ConfigError(f"a model with the {self.config.head!r} head predicts labels, not "
+                        "tokens: it cannot generate or score sequences")
     if not self.decodes:
       raise ConfigError(f"a {self.name!r} model has no decoder: it cannot generate or score "
                         "sequences")

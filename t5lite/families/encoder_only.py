@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.data import converters, pretraining
+from t5lite.families import heads
 from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
 from t5lite.models import losses
 
@@ -37,6 +38,8 @@ class EncoderOnlyFamily(Family):
   token_features = ("encoder_input_tokens",)
 
   def converter(self, pack: bool = True) -> converters.FeatureConverter:
+    if self.config.head:
+      return heads.converter(self.config)
     return converters.EncoderOnlyFeatureConverter(pack=pack)
 
   def pretraining_preprocessors(self, vocabulary) -> list:
@@ -58,49 +61,82 @@ class EncoderOnlyFamily(Family):
     positions only, as BERT's own code gathers its `masked_lm_positions`: each row's first
     MLM_SLOTS(L) weighted positions, when no row has more (else on every position, the same
     numbers); the loss is the same as over all positions, whose other weights are 0."""
+    if self.config.head:
+      return heads.family_loss(self, params, batch, rng)
     dropout = rng is not None and self.config.dropout_rate > 0
     model = self.make_model(enable_dropout=dropout)
     apply = lambda method, *args: model.apply(  # noqa: E731
         {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None)
     states = apply("hidden_states", *[batch.get(k) for k in model.INPUTS])  # (B, L, D)
     target_key, weight_key, segment_key = self.target_features
-    loss_sum, sums = self._mlm_loss(apply, states, batch[target_key], batch.get(weight_key),
-                                    batch.get(segment_key))
+    targets, weights, segment_ids = (batch[target_key], batch.get(weight_key),
+                                     batch.get(segment_key))
+    mlm = lambda pick: token_loss_sums(  # noqa: E731
+        apply("mlm_logits", pick(states)), pick(targets), pick(weights),
+        None if segment_ids is None else pick(segment_ids), self.loss)
+    loss_sum, sums = self._on_chosen(mlm, weights)
+    if self.config.span_boundary_objective and "mlm_span_offset" in batch:
+      sbo_sum, sbo = self._on_chosen(
+          lambda pick: self._span_boundary_sums(apply, states, batch, pick), weights)
+      # SpanBERT's loss is the MLM mean plus the SBO mean over the same span tokens.
+      loss_sum = loss_sum + sbo_sum * sums["normalizer"] / jnp.maximum(sbo["normalizer"], 1.0)
+      sums = dict(sums, sbo_loss=sbo_sum, sbo_weight_sum=sbo["weight_sum"])
     if not (self.config.sentence_classes and "sentence_labels" in batch):
       return loss_sum, sums
     sentence = apply("sentence_logits", states)  # (B, C)
     labels = batch["sentence_labels"].astype(jnp.int32)  # (B,)
     log_probs = jax.nn.log_softmax(sentence.astype(jnp.float32))  # (B, C)
     sentence_nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-    rows = jnp.asarray(labels.shape[0], jnp.float32)
-    loss_sum = loss_sum + jnp.sum(sentence_nll) * sums["normalizer"] / rows
-    sums = dict(sums, sentence_loss=jnp.sum(sentence_nll), sentence_rows=rows,
-                sentence_correct=jnp.sum(jnp.argmax(sentence, -1) == labels).astype(jnp.float32))
+    # Rows of padding (the eval loop's filler rows) carry no sentence label.
+    real = (jnp.ones(labels.shape, jnp.float32) if segment_ids is None
+            else jnp.any(segment_ids > 0, axis=1).astype(jnp.float32))  # (B,)
+    rows = jnp.sum(real)
+    sentence_sum = jnp.sum(sentence_nll * real)
+    loss_sum = loss_sum + sentence_sum * sums["normalizer"] / jnp.maximum(rows, 1.0)
+    hits = (jnp.argmax(sentence, -1) == labels).astype(jnp.float32) * real
+    sums = dict(sums, sentence_loss=sentence_sum, sentence_rows=rows,
+                sentence_correct=jnp.sum(hits))
     return loss_sum, sums
 
-  def _mlm_loss(self, apply, states, targets, weights, segment_ids):
-    """token_loss_sums of the MLM head, on the weighted positions when they fit the slots."""
-    full = lambda: token_loss_sums(apply("mlm_logits", states), targets, weights,  # noqa: E731
-                                   segment_ids, self.loss)
-    slots = mlm_slots(targets.shape[1])
+  def _span_boundary_sums(self, apply, states, batch, pick):
+    """token_loss_sums of SpanBERT's span boundary head at the picked positions: each span
+    token predicted from the states at its span's boundaries (row positions) and its offset."""
+    offset = pick(batch["mlm_span_offset"])  # (B, K)
+    boundary = lambda key: jnp.take_along_axis(  # noqa: E731
+        states, pick(batch[key])[:, :, None].astype(jnp.int32), axis=1)  # (B, K, D)
+    weights = pick(batch["mlm_loss_weights"]) * (offset > 0)
+    logits = apply("span_boundary_logits", boundary("mlm_span_left"),
+                   boundary("mlm_span_right"), offset)
+    return token_loss_sums(logits, pick(batch["mlm_target_tokens"]), weights, None, self.loss)
+
+  def _on_chosen(self, loss_at, weights):
+    """loss_at(pick) where pick gathers (B, L, ...) features at each row's first MLM_SLOTS(L)
+    weighted positions (when no row has more), else the identity: the same sums either way,
+    the other positions' weights being 0."""
+    length = weights.shape[1] if weights is not None else 0
+    slots = mlm_slots(length) if length else 0
     # NUM_TOTAL_TARGET_TOKENS counts every position, AVERAGE_PER_SEQUENCE every segment.
-    if (weights is None or slots >= targets.shape[1]
+    if (weights is None or slots >= length
         or self.loss.loss_normalizing_factor in (losses.NUM_TOTAL_TARGET_TOKENS,
                                                  losses.AVERAGE_PER_SEQUENCE)):
-      return full()
+      return loss_at(lambda x: x)
     chosen = weights > 0  # (B, L)
     # Each row's weighted positions first (stable: in order), then the rest.
     order = jnp.argsort(~chosen, axis=1, stable=True)[:, :slots]  # (B, K)
-    take = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
 
-    def gathered():
-      picked = jnp.take_along_axis(states, order[:, :, None], axis=1)  # (B, K, D)
-      return token_loss_sums(apply("mlm_logits", picked), take(targets), take(weights),
-                             None if segment_ids is None else take(segment_ids), self.loss)
-    return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots), gathered, full)
+    def pick(x):
+      index = order.reshape(order.shape + (1,) * (x.ndim - 2))
+      return jnp.take_along_axis(x, index, axis=1)
+    return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots),
+                        lambda: loss_at(pick), lambda: loss_at(lambda x: x))
 
   def metrics(self, sums, normalizer):
+    if self.config.head:
+      return heads.metrics(sums, normalizer)
     out = super().metrics(sums, normalizer)
+    out["mlm_accuracy"] = out["accuracy"]
+    if "sbo_loss" in sums:
+      out["sbo_loss"] = sums["sbo_loss"] / jnp.maximum(sums["sbo_weight_sum"], 1e-8)
     if "sentence_rows" in sums:
       out["sentence_loss"] = sums["sentence_loss"] / sums["sentence_rows"]
       out["sentence_accuracy"] = sums["sentence_correct"] / sums["sentence_rows"]
@@ -113,5 +149,6 @@ class EncoderOnlyFamily(Family):
     length = lengths["encoder_input_tokens"]
     layers = c.num_encoder_layers * c.layer_repeats  # shared layers still run at every slot
     p_enc = layers * (attention_params(c) + mlp_params(c))
-    return float(6 * (p_enc + c.embedding_width * c.vocab_size) * length
+    output = c.embedding_width * c.vocab_size if not c.head else c.d_model * c.num_labels
+    return float(6 * (p_enc + output) * length
                  + 12 * c.num_heads * c.d_kv * layers * length**2)

@@ -24,6 +24,10 @@ POSITION_ENCODINGS = ("relative_bias", "sinusoidal", "sinusoidal_interleaved", "
 NORM_POSITIONS = ("pre", "post")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
+# Finetuning heads (t5lite.models.heads); '' is the pretraining head (LM / MLM [+ NSP/SOP]).
+HEADS = ("", "sequence_classification", "token_classification", "question_answering",
+         "multiple_choice")
+PROBLEM_TYPES = ("", "single_label_classification", "multi_label_classification", "regression")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +133,29 @@ class ModelConfig:
   LLaMA: 1 `<s>`). A decoder-only prompt is decoded after it."""
   eos_id: int = 1
   """The token that ends a generated sequence (T5: 1; GPT-2: 50256; LLaMA: 2)."""
+  head: str = ""
+  """'' : the pretraining head (LM, MLM, with the sentence head when configured). A finetuning
+  head in its place (HF's *For<Head> models): 'sequence_classification' (encoder: on the pooler,
+  or RoBERTa's dense + tanh head without one; decoder: on the last real token, as
+  GPT2ForSequenceClassification and GPT-1), 'token_classification', 'question_answering'
+  (start/end logits) or 'multiple_choice' (encoder, one score per choice on the pooler)."""
+  num_labels: int = 2
+  """Classes of a classification or tagging head (1 for regression)."""
+  problem_type: str = ""
+  """Sequence classification loss, as HF's: 'single_label_classification' (softmax cross
+  entropy), 'multi_label_classification' (sigmoid cross entropy per label) or 'regression'
+  (mean squared error). '': regression when num_labels == 1, else single-label."""
+  classifier_dropout: float | None = None
+  """Dropout before a finetuning head's classifier (None: dropout_rate, as HF)."""
+  lm_loss_weight: float = 0.0
+  """Decoder sequence classification: add this times the LM loss on the same tokens (GPT-1's
+  auxiliary objective, lambda = 0.5). 0: the task loss alone (GPT2ForSequenceClassification)."""
+  span_boundary_objective: bool = False
+  """Encoder-only pretraining: SpanBERT's span boundary objective, predicting each masked span
+  token from the states just outside its span and its position in the span (a 2-layer GELU +
+  norm head, then the tied output projection); needs span-masked batches."""
+  max_span_length: int = 10
+  """Longest masked span the span boundary objective has a position embedding for."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -164,6 +191,46 @@ class ModelConfig:
                         f"{self.layer_norm_epsilon}")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ConfigError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    self._check_head_options()
+
+  def _check_head_options(self):
+    for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):
+      if getattr(self, field) not in allowed:
+        raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} is not one of {allowed}")
+    if self.num_labels < 1 or self.max_span_length < 1:
+      raise ConfigError("ModelConfig.num_labels and max_span_length must be >= 1")
+    dropout = self.classifier_dropout
+    if dropout is not None and not 0.0 <= dropout < 1.0:
+      raise ConfigError(f"ModelConfig.classifier_dropout must be in [0, 1), got {dropout}")
+    if not (math.isfinite(self.lm_loss_weight) and self.lm_loss_weight >= 0):
+      raise ConfigError(f"ModelConfig.lm_loss_weight must be >= 0, got {self.lm_loss_weight}")
+    if self.head and self.architecture == "encoder_decoder":
+      raise ConfigError(f"ModelConfig.head={self.head!r}: finetuning heads are for encoder-only "
+                        "and decoder-only models; an encoder-decoder model finetunes text to text")
+    if self.architecture == "decoder_only" and self.head not in ("", "sequence_classification"):
+      raise ConfigError(f"ModelConfig.head={self.head!r}: a decoder-only model has the "
+                        "'sequence_classification' head only (GPT-2 / GPT-1)")
+    if self.lm_loss_weight and not (self.architecture == "decoder_only" and self.head):
+      raise ConfigError("ModelConfig.lm_loss_weight is GPT-1's auxiliary LM loss of a decoder-only "
+                        "sequence classifier: set head='sequence_classification' there")
+    if self.problem_type == "regression" and self.num_labels != 1:
+      raise ConfigError(f"problem_type='regression' predicts one number: num_labels must be 1, "
+                        f"got {self.num_labels}")
+    if self.head and self.sentence_classes:
+      raise ConfigError(f"ModelConfig.head={self.head!r} replaces the pretraining heads: set "
+                        "sentence_classes=0 (the pooler stays, for the classifier)")
+    if self.head == "multiple_choice" and not self.pooler:
+      raise ConfigError("head='multiple_choice' scores each choice on the pooler: set pooler=True")
+    if self.span_boundary_objective and (self.architecture != "encoder_only" or self.head):
+      raise ConfigError("ModelConfig.span_boundary_objective is an encoder-only pretraining "
+                        "objective (head='')")
+
+  @property
+  def loss_problem_type(self) -> str:
+    """problem_type, with '' resolved as HF does for integer labels."""
+    if self.problem_type:
+      return self.problem_type
+    return "regression" if self.num_labels == 1 else "single_label_classification"
 
   def _check_layer_options(self):
     if self.norm_position not in NORM_POSITIONS:

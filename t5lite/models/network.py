@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from t5lite.models.config import ModelConfig
+from t5lite.models.heads import DecoderClassifier, EncoderHead, SpanBoundaryHead, pool
 from t5lite.models.layers import ACTIVATION_FNS, Embed, Norm, dense
 from t5lite.models.transformer import Decoder, Encoder, LogitsHead, default_positions
 
@@ -85,7 +86,9 @@ class EncoderDecoder(_Model):
 
 class DecoderOnly(_Model):
   """GPT-style LM; with config.prefix_lm, `decoder_causal_attention` (1 on the prefix)
-  makes the prefix bidirectional. Returns logits (B, L, V), or (B, 1, V) at logits_at (B,)."""
+  makes the prefix bidirectional. Returns logits (B, L, V), or (B, 1, V) at logits_at (B,).
+  With config.head='sequence_classification' it returns the classifier's logits (B, C) on
+  each row's last real token, or (class logits, LM logits) when config.lm_loss_weight > 0."""
   INPUTS = ("decoder_input_tokens", "decoder_segment_ids", "decoder_positions",
             "decoder_causal_attention")
 
@@ -99,6 +102,8 @@ class DecoderOnly(_Model):
     self.token_embedder = self._embedder()
     self.decoder = Decoder(self.config, self.token_embedder, self.deterministic,
                            self.cache_length)
+    if self.config.head:
+      self.head = DecoderClassifier(self.config)
 
   def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                decoder_causal_attention=None, logits_at=None):
@@ -109,14 +114,24 @@ class DecoderOnly(_Model):
       raise ValueError("decoder_causal_attention was given but the config has prefix_lm=False")
     segment_ids, positions = _decoder_defaults(decoder_input_tokens, decoder_segment_ids,
                                                decoder_positions)
-    return self.decoder(decoder_input_tokens, segment_ids, positions,
-                        causal_attention=decoder_causal_attention, logits_at=logits_at)
+    if not self.config.head:
+      return self.decoder(decoder_input_tokens, segment_ids, positions,
+                          causal_attention=decoder_causal_attention, logits_at=logits_at)
+    output = "both" if self.config.lm_loss_weight else "states"
+    out = self.decoder(decoder_input_tokens, segment_ids, positions,
+                       causal_attention=decoder_causal_attention, output=output)
+    logits, states = out if output == "both" else (None, out)
+    classes = self.head(states, segment_ids)  # (B, C)
+    return classes if logits is None else (classes, logits)
 
 
 class EncoderOnly(_Model):
-  """BERT-style encoder with an MLM head (dense to the embedding width, the config's
-  activation, norm, vocab projection with a bias when config.use_bias) and, optionally, a
-  pooler (dense + tanh on the first token) with a sentence classifier (NSP / SOP)."""
+  """BERT-style encoder. Pretraining (config.head ''): an MLM head (dense to the embedding
+  width, the config's activation, norm, vocab projection with a bias when config.use_bias),
+  optionally a pooler (dense + tanh on the first token) with a sentence classifier (NSP /
+  SOP) and SpanBERT's span boundary head. Finetuning (config.head set): the pooler when
+  configured and the head (t5lite.models.heads.EncoderHead) instead of the MLM head; a
+  multiple-choice batch has inputs (B, choices, L)."""
   INPUTS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
             "encoder_token_type_ids")
 
@@ -125,33 +140,59 @@ class EncoderOnly(_Model):
     tokens = jnp.ones((1, 1), jnp.int32)
     return {"encoder_input_tokens": tokens,
             **({"encoder_token_type_ids": tokens} if config.type_vocab_size else {}),
-            **({"with_sentence_logits": True} if config.pooler else {})}
+            **({"with_sentence_logits": True} if config.pooler and not config.head else {})}
 
   def setup(self):
     cfg = self.config
     self.token_embedder = self._embedder()
     self.encoder = Encoder(cfg, self.token_embedder, self.deterministic)
+    if cfg.pooler:
+      d = cfg.d_model
+      self.pooler = dense(cfg, (d,), (d,), ("embed", "mlp"), d ** -0.5, "pooler", use_bias=True)
+    if cfg.head:
+      self.head = EncoderHead(cfg, self.deterministic)
+      return
     e = cfg.embedding_width
     self.mlm_transform = dense(cfg, (cfg.d_model,), (e,), ("embed", "mlp"),
                                cfg.d_model ** -0.5, "mlm_transform")
     self.mlm_norm = Norm(cfg)
     self.logits_dense = LogitsHead(cfg, self.token_embedder, bias=cfg.use_bias)
-    if cfg.pooler:
-      d = cfg.d_model
-      self.pooler = dense(cfg, (d,), (d,), ("embed", "mlp"), d ** -0.5, "pooler", use_bias=True)
     if cfg.sentence_classes:
       self.sentence_classifier = dense(cfg, (cfg.d_model,), (cfg.sentence_classes,),
                                        ("embed", "classes"), cfg.d_model ** -0.5,
                                        "sentence_classifier", use_bias=True)
+    if cfg.span_boundary_objective:
+      self.span_boundary = SpanBoundaryHead(cfg)
 
   def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                encoder_token_type_ids=None, with_sentence_logits=False):
-    """MLM logits (B, L, V) in float32; with_sentence_logits: also the pooled output's
-    (B, sentence_classes) float32 logits, or the pooled states (B, D) without a classifier."""
+    """Pretraining: MLM logits (B, L, V) in float32; with_sentence_logits: also the pooled
+    output's (B, sentence_classes) float32 logits, or the pooled states (B, D) without a
+    classifier. Finetuning: the head's float32 logits (t5lite.models.heads)."""
+    if self.config.head:
+      return self.head_logits(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              encoder_token_type_ids)
     x = self.hidden_states(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                            encoder_token_type_ids)  # (B, L, D)
+    if self.is_initializing() and self.config.span_boundary_objective:
+      self.span_boundary_states(x, x, jnp.zeros(x.shape[:2], jnp.int32))
     logits = self.mlm_logits(x)
     return (logits, self.sentence_logits(x)) if with_sentence_logits else logits
+
+  def head_logits(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+                  encoder_token_type_ids=None):
+    """The finetuning head's float32 logits; multiple choice flattens (B, C, L) inputs to
+    (B * C, L) rows and returns (B, C)."""
+    inputs = (encoder_input_tokens, encoder_segment_ids, encoder_positions,
+              encoder_token_type_ids)
+    choices = self.config.head == "multiple_choice" and encoder_input_tokens.ndim == 3
+    if choices:
+      shape = encoder_input_tokens.shape  # (B, C, L)
+      inputs = tuple(None if x is None else x.reshape(-1, shape[-1]) for x in inputs)
+    x = self.hidden_states(*inputs)  # (B', L, D)
+    pooled = pool(self.config, self.pooler, x) if self.config.pooler else None
+    logits = self.head(x, pooled)
+    return logits.reshape(shape[:2]) if choices else logits
 
   def hidden_states(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                     encoder_token_type_ids=None):
@@ -164,12 +205,22 @@ class EncoderOnly(_Model):
     act = ACTIVATION_FNS[self.config.mlp_activation]
     return self.logits_dense(self.mlm_norm(act(self.mlm_transform(x))))
 
+  def span_boundary_states(self, left, right, offset):
+    """SpanBERT's span boundary representation (B, K, D) of span tokens from the boundary
+    states left / right (B, K, D) and their 1-based offsets in the span (B, K)."""
+    return self.span_boundary(left, right, offset)
+
+  def span_boundary_logits(self, left, right, offset):
+    """The span boundary objective's float32 logits (B, K, V), through the MLM output
+    projection (tied embeddings and bias), as SpanBERT shares its decoder."""
+    return self.logits_dense(self.span_boundary_states(left, right, offset))
+
   def sentence_logits(self, x):
     """The pooler (and the sentence classifier) on the first token of states (B, L, D)."""
     cfg = self.config
     if not cfg.pooler:
       raise ValueError("with_sentence_logits needs a config with pooler=True")
-    pooled = jnp.tanh(self.pooler(x[:, 0]))  # (B, D)
+    pooled = pool(cfg, self.pooler, x)  # (B, D)
     if cfg.sentence_classes:
       pooled = self.sentence_classifier(pooled).astype(jnp.float32)  # (B, C)
     return pooled

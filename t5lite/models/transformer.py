@@ -198,9 +198,11 @@ class Decoder(_Stack):
 
   @nn.compact
   def __call__(self, tokens, segment_ids, positions, encoded=None, encoder_segment_ids=None,
-               causal_attention=None, logits_at=None):
+               causal_attention=None, logits_at=None, output="logits"):
     """logits_at (B,) int, optional: logits of only that position per row, (B, 1, V) (a
-    decoding prefill needs just each prompt's last one)."""
+    decoding prefill needs just each prompt's last one). output: 'logits', 'states' (the
+    final states (B, L, D), for a classifier head; no output projection is built) or 'both'
+    (logits, states)."""
     cfg = self.config
     length = tokens.shape[1]
     x = self.embed(tokens, positions)
@@ -223,9 +225,13 @@ class Decoder(_Stack):
       x = run_layers(DecoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
                      self_bias, positions, encoded, cross_bias, **layers)
     x = self.finish(x, "decoder_norm")
+    if output == "states":
+      return x
+    states = x
     if logits_at is not None:
       x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)  # (B, 1, D)
-    return LogitsHead(cfg, self.embedder, name="logits_dense")(x)
+    logits = LogitsHead(cfg, self.embedder, name="logits_dense")(x)
+    return (logits, states) if output == "both" else logits
 
 
 class LogitsHead(nn.Module):

@@ -294,18 +294,32 @@ def _axes_tree(params: Tree, param_axes: Tree | None) -> Tree:
   return treedef.unflatten([P(*axes) for axes in _leaf_axes(params, param_axes)])
 
 
-def weight_decay_mask(param_axes: Tree | None) -> Callable[[Tree], Tree]:
-  """A mask fn for optax: True for params of per-layer rank >= 2 (kernels, embeddings).
+NOT_DECAYED = ("bias", "scale")
+"""Param names never decayed, whatever their rank: biases (a (heads, kv) attention bias is a
+matrix by rank) and norm scales."""
 
-  Norm scales and biases are not decayed (the BERT / GPT convention). The rank is taken per
-  layer, so a scanned (layers, embed) norm scale is not mistaken for a matrix and scanned and
-  unrolled models decay the same params.
+
+def weight_decay_mask(param_axes: Tree | None) -> Callable[[Tree], Tree]:
+  """A mask fn for optax: True for params of per-layer rank >= 2 (kernels, embeddings) that
+  are not named in NOT_DECAYED.
+
+  Norm scales and biases are not decayed (the BERT / GPT convention: HF's finetuning scripts
+  exclude `bias` and `LayerNorm.weight`). The rank is taken per layer, so a scanned (layers,
+  embed) norm scale is not mistaken for a matrix and scanned and unrolled models decay the
+  same params.
   """
   def mask(params):
-    leaves, treedef = jax.tree.flatten(params)
+    paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     axes = _leaf_axes(params, param_axes)
-    return treedef.unflatten([len(a) - _is_stacked(a) >= 2 for a in axes])
+    return treedef.unflatten([
+        len(a) - _is_stacked(a) >= 2 and _last_name(path) not in NOT_DECAYED
+        for (path, _), a in zip(paths, axes)])
   return mask
+
+
+def _last_name(path) -> str:
+  key = path[-1] if path else None
+  return str(getattr(key, "key", getattr(key, "name", key)))
 
 
 # ------------------------------------------------------------------------------------------------
