@@ -12,6 +12,9 @@ PYTHONPATH), so the trainer runs exactly as a user's `t5lite train` would.
   train_test_prefix_lm  prefix LM: each piece split into inputs and targets, EOS on both
                         (decoder-only models with prefix_lm)
   train_test_mlm        BERT MLM, <extra_id_0> as the mask (encoder-only models)
+  train_test_classify   sequence classification head: does the text name "zeta"? (label 1);
+                        byte tokens after a 2 ("[CLS]"), accuracy (head='sequence_classification',
+                        num_labels=2)
 
 Their model configs are in helpers.py (tiny, tiny_decoder_only, tiny_encoder_only).
 """
@@ -45,6 +48,14 @@ def _validation_docs():
 
 SOURCES = {"train": FunctionSource(_train_docs), "validation": FunctionSource(_validation_docs)}
 
+
+def _classify(ex):
+  """A document -> a head example: [CLS]-like 2, then its bytes; label: it names "zeta"."""
+  text = ex["text"].decode() if isinstance(ex["text"], bytes) else str(ex["text"])
+  tokens = np.concatenate([[2], VOCAB.encode(text)]).astype(np.int32)
+  return {"inputs": tokens, "token_type_ids": np.zeros_like(tokens),
+          "label": np.int32("zeta" in text.split()), "idx": np.int32(len(text))}
+
 if "train_test_sc" not in TaskRegistry.names():
   add_task("train_test_sc", SOURCES, FEATURES,
            [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
@@ -60,6 +71,9 @@ if "train_test_sc" not in TaskRegistry.names():
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, *causal_lm_preprocessors()])
   add_task("train_test_prefix_lm", SOURCES, FEATURES,
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, *prefix_lm_preprocessors()])
+  add_task("train_test_classify", SOURCES, {"inputs": Feature(VOCAB, add_eos=False)},
+           [_classify], metric_fns=[metrics.accuracy], head="sequence_classification",
+           num_labels=2)
   add_task("train_test_mlm", SOURCES, FEATURES,
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
             *mlm_preprocessors(mask_id=VOCAB.extra_id(0))])

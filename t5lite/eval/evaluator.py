@@ -132,6 +132,10 @@ class TaskEvaluator:
     if not self.examples:
       raise ConfigError(f"task {task.name!r} split {split!r} has no examples after preprocessing")
     self.kinds = {getattr(fn, "__name__", repr(fn)): metric_kind(fn) for fn in task.metric_fns}
+    if task.head:  # a finetuning head's labels (t5lite.eval.head_eval)
+      from t5lite.eval import head_eval
+      self.targets = head_eval.targets(task, self.examples)
+      return
     vocab = task.output_features["targets"].vocabulary
     self.targets = [postprocess(task, feature_text(ex, "targets", vocab), ex, True)
                     for ex in self.examples]
@@ -175,7 +179,14 @@ class TaskEvaluator:
   def evaluate(self, model_config: ModelConfig, params: Tree,
                decode: DecodeConfig = DecodeConfig(), *, generate_fn: Callable | None = None,
                score_fn: Callable | None = None) -> EvalResult:
-    """Every metric fn of the task on these examples; decodes / scores only when needed."""
+    """Every metric fn of the task on these examples; decodes / scores only when needed
+    (a head task: the head's logits, t5lite.eval.head_eval)."""
+    if self.task.head:
+      from t5lite.eval import head_eval
+      metrics, records = head_eval.evaluate(
+          self.task, self.examples, self.targets, model_config, params,
+          self.feature_lengths["inputs"], decode.batch_size)
+      return EvalResult(metrics=metrics, predictions=[jsonable(r) for r in records])
     vocab = self.task.output_features["targets"].vocabulary
     kinds = set(self.kinds.values())
     inputs_vocab = self.task.output_features["inputs"].vocabulary

@@ -47,7 +47,30 @@ def _step_state_dir(path: str) -> tuple[str, int]:
   return os.path.join(directory, str(step), "state"), step
 
 
-def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree, int]:
+def _saved_params(checkpointer, state_dir: str, step: int, step_dir: str, noise: list) -> Tree:
+  """The checkpoint's params metadata tree (shapes and dtypes)."""
+  try:
+    with integrity.quiet_orbax(), integrity.captured_noise(noise):
+      saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
+  except Exception as e:  # a damaged _METADATA / _sharding: orbax raises many kinds
+    raise CorruptCheckpointError(f"checkpoint step {step} in {step_dir}: its array metadata "
+                                 f"cannot be read: {integrity.first_line(e)}") from e
+  if saved is None:
+    raise ConfigError(f"{state_dir} has no params")
+  return saved
+
+
+def saved_param_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+  """{jax keystr of each param path: its shape} of a checkpoint's params (nothing restored)."""
+  state_dir, step = _step_state_dir(path)
+  saved = _saved_params(ocp.PyTreeCheckpointer(), state_dir, step, os.path.dirname(state_dir),
+                        [])
+  return {jax.tree_util.keystr(p): tuple(m.shape)
+          for p, m in jax.tree_util.tree_leaves_with_path(saved)}
+
+
+def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
+                   subset: bool = False) -> tuple[Tree, int]:
   """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
   shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
 
@@ -55,7 +78,8 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
   its checksums (process 0 reads the files; the processes agree) and the params must be
   finite: CorruptCheckpointError otherwise. Nothing is written, so a damaged step stays where
   it is. Raises ConfigError naming every parameter whose shape or presence differs (e.g.
-  another vocabulary size).
+  another vocabulary size). subset: abstract_params may leave out params the checkpoint has
+  (t5lite.train.warm_start reads a pretrained model's backbone this way).
   """
   state_dir, step = _step_state_dir(path)
   step_dir = os.path.dirname(state_dir)
@@ -74,14 +98,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
           "an older t5lite, or its run stopped right after saving it); reading it unverified",
           file=sys.stderr, flush=True)
   checkpointer = ocp.PyTreeCheckpointer()
-  try:
-    with integrity.quiet_orbax(), integrity.captured_noise(noise):
-      saved = checkpointer.metadata(state_dir).item_metadata.tree.get("params")
-  except Exception as e:  # a damaged _METADATA / _sharding: orbax raises many kinds
-    raise CorruptCheckpointError(f"checkpoint step {step} in {step_dir}: its array metadata "
-                                 f"cannot be read: {integrity.first_line(e)}") from e
-  if saved is None:
-    raise ConfigError(f"{state_dir} has no params")
+  saved = _saved_params(checkpointer, state_dir, step, step_dir, noise)
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)
                   for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted_shapes = {jax.tree_util.keystr(p): tuple(x.shape)
@@ -89,8 +106,9 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree) -> tuple[Tree
   problems = [f"{k}: checkpoint {saved_shapes[k]}, model {v}" for k, v in wanted_shapes.items()
               if k in saved_shapes and saved_shapes[k] != v]
   problems += [f"{k}: missing from the checkpoint" for k in wanted_shapes if k not in saved_shapes]
-  problems += [f"{k}: in the checkpoint, not in the model" for k in saved_shapes
-               if k not in wanted_shapes]
+  if not subset:  # subset: abstract_params asks for some of the checkpoint's params
+    problems += [f"{k}: in the checkpoint, not in the model" for k in saved_shapes
+                 if k not in wanted_shapes]
   if problems:
     more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
     raise ConfigError(

@@ -64,6 +64,7 @@ from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
 from t5lite.train import loop as loop_lib
+from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
 from t5lite.train.optimizers import OptimizerConfig, make_optimizer, trainable_only
 from t5lite.train.step import StepConfig, eval_step, windowed_train_step
@@ -157,12 +158,27 @@ def task_vocabulary(name: str):
   return feature.vocabulary
 
 
+def check_heads(model_config: ModelConfig, tasks) -> None:
+  """A head task trains a model with that head and as many labels; a token task one without."""
+  for task in tasks:
+    if (task.head or "") != model_config.head:
+      want = (f"ModelConfig.head = '{task.head}' and ModelConfig.num_labels = {task.num_labels}"
+              if task.head else "ModelConfig.head = '' (the pretraining / LM head)")
+      raise ConfigError(f"task {task.name!r} is a {task.head or 'token prediction'} task but the "
+                        f"model has head={model_config.head!r}: set {want}")
+    if task.head and task.num_labels != model_config.num_labels and task.head != "multiple_choice":
+      raise ConfigError(f"task {task.name!r} has {task.num_labels} labels but the model has "
+                        f"num_labels={model_config.num_labels}: set ModelConfig.num_labels = "
+                        f"{task.num_labels}")
+
+
 class Trainer:
   """The pieces of one run that stay fixed while it trains (see `train`)."""
 
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.family = family_of(model_config, config.step.loss_options())
+    check_heads(model_config, tasks_of(config.mixture_or_task_name))
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
@@ -227,7 +243,7 @@ class Trainer:
       return state, step
     if config.initial_checkpoint_path:
       self.check_initial_vocabulary(config.initial_checkpoint_path)
-      params, step = self.initial_params(config.initial_checkpoint_path)
+      params, step = self.initial_params(config.initial_checkpoint_path, log)
       if step >= config.train_steps:
         raise ConfigError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path} is at step "
                           f"{step} and TRAIN_STEPS={config.train_steps} is the final step (as "
@@ -265,19 +281,53 @@ class Trainer:
     return jax.jit(create, in_shardings=(self.param_shardings,),
                    out_shardings=self.state_shardings)(params)
 
-  def initial_params(self, path: str) -> tuple[Tree, int]:
-    """(params, step) from INITIAL_CHECKPOINT_PATH: a t5lite checkpoint or an HF directory."""
-    path = os.path.expanduser(path)
-    if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
-        os.path.join(path, ckpt_lib.CHECKPOINTS_DIR)):
-      return self._hf_params(path), 0
-    return checkpoint_reader.restore_params(path, self.abstract_params)
+  def initial_params(self, path: str, log: Callable[[str], None] = print) -> tuple[Tree, int]:
+    """(params, step) from INITIAL_CHECKPOINT_PATH: a t5lite checkpoint or an HF directory.
 
-  def _hf_params(self, path: str) -> Tree:
+    A checkpoint of another head (a pretrained BERT for a classifier) or a smaller vocabulary
+    (tokens added for finetuning) warm-starts the model (t5lite.train.warm_start): the
+    backbone carries over, the new params keep their fresh initialization."""
+    path = os.path.expanduser(path)
+    hf = os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
+        os.path.join(path, ckpt_lib.CHECKPOINTS_DIR))
+    if hf:
+      hf_params, old_vocab = self._hf_params(path)
+      saved, step = warm_start.shapes_of(hf_params), 0
+    else:
+      saved = checkpoint_reader.saved_param_shapes(path)
+      old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
+    wanted = warm_start.shapes_of(self.abstract_params)
+    if saved == wanted:
+      if hf:
+        return self._place(hf_params), 0
+      return checkpoint_reader.restore_params(path, self.abstract_params)
+    plan = warm_start.plan_warm_start(wanted, saved, old_vocab=old_vocab,
+                                      new_vocab=self.model_config.vocab_size, source=path)
+    log(f"t5lite: warm start from {path}: {plan.summary()}")
+    if hf:
+      loaded = {k: v for k, v in warm_start.flat(hf_params).items()
+                if k in plan.carried or k in plan.grown}
+    else:
+      replicated = NamedSharding(self.mesh, P())
+      abstract = {k: (v if k in plan.carried else jax.ShapeDtypeStruct(saved[k], v.dtype,
+                                                                         sharding=replicated))
+                  for k, v in warm_start.flat(self.abstract_params).items()
+                  if k in plan.carried or k in plan.grown}
+      tree = warm_start.subset_tree(self.abstract_params, abstract)
+      tree = jax.tree_util.tree_map_with_path(
+          lambda p, x: abstract[jax.tree_util.keystr(p)], tree)
+      restored, step = checkpoint_reader.restore_params(path, tree, subset=True)
+      loaded = warm_start.flat(restored)
+    fresh = jax.jit(self.family.init_params, out_shardings=self.param_shardings)(
+        jax.random.key(self.config.seed))
+    return warm_start.merge(fresh, loaded, plan), step
+
+  def _hf_params(self, path: str) -> tuple[Tree, int]:
+    """(params as numpy, the checkpoint's vocab_size) of an HF directory."""
     from t5lite.export.hf import load_hf  # torch-free unless the checkpoint is a .bin
     hf_config, params = load_hf(path)
     mine, theirs = self.model_config.to_dict(), hf_config.to_dict()
-    shape_fields = ("vocab_size", "d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
+    shape_fields = ("d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
                     "num_decoder_layers", "mlp_activation", "tie_output_embedding")
     differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
               if mine[k] != theirs[k]]
@@ -287,6 +337,9 @@ class Trainer:
     if self.model_config.scan_layers:
       from t5lite.models.params import scan_params
       params = scan_params(params, self.model_config)
+    return params, hf_config.vocab_size
+
+  def _place(self, params: Tree) -> Tree:
     dtype = jnp.dtype(self.model_config.param_dtype)
     return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x).astype(dtype), s), params,
                         self.param_shardings)
