@@ -195,12 +195,19 @@ class ByteLevelBPEVocabulary(_TokenizersVocabulary):
   _kind = "byte_level_bpe"
 
   def __init__(self, vocab: str | os.PathLike | Mapping[str, int],
-               merges: str | os.PathLike | Sequence[tuple[str, str] | str]):
+               merges: str | os.PathLike | Sequence[tuple[str, str] | str],
+               added_tokens: Sequence[str] = ()):
+    """added_tokens: tokens of vocab (the last ids) that are matched whole and never split,
+    like HF's `tokenizer.add_special_tokens` (GPT-1's [START], [DELIM], [EXTRACT])."""
     if isinstance(vocab, (str, os.PathLike)):
       ids, where = _read_json(vocab, 'a vocab.json, {"token": id, ...}'), os.fspath(vocab)
     else:
       ids, where = dict(vocab), "the byte-level BPE vocab"
     super().__init__(_tokens_by_id(ids, where), where)
+    self.added_tokens = tuple(added_tokens)
+    unknown = [t for t in self.added_tokens if t not in self._ids]
+    if unknown:
+      raise ConfigError(f"{where}: added tokens {unknown} are not in the vocabulary")
     missing = sorted(BYTE_ALPHABET - self._ids.keys())
     if missing:
       raise ConfigError(f"{where} lacks {len(missing)} of the 256 byte-level symbols (e.g. "
@@ -220,6 +227,33 @@ class ByteLevelBPEVocabulary(_TokenizersVocabulary):
     if self.style == "roberta":
       roles.update(cls=ROBERTA_SPECIALS["bos"], sep=ROBERTA_SPECIALS["eos"])
     self._finish(tokenizer, roles)
+    if self.added_tokens:
+      tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in self.added_tokens])
+
+  def with_added_tokens(self, tokens: Sequence[str]) -> "ByteLevelBPEVocabulary":
+    """This vocabulary with `tokens` appended as new ids (HF's add_special_tokens; the model's
+    embedding grows to match: t5lite.train.warm_start). Example: GPT-2's 50257 ids +
+    ["[START]", "[DELIM]", "[EXTRACT]"] -> ids 50257, 50258, 50259."""
+    present = [t for t in tokens if t in self._ids]
+    if present:
+      raise ConfigError(f"tokens {present} are already in the vocabulary")
+    vocab = dict(zip(self._tokens, range(len(self._tokens))))
+    vocab.update((t, len(self._tokens) + i) for i, t in enumerate(tokens))
+    return ByteLevelBPEVocabulary(vocab, self._merges, self.added_tokens + tuple(tokens))
+
+  def token_id(self, token: str) -> int:
+    """The id of a token (e.g. an added one); a ConfigError naming it when absent."""
+    if token not in self._ids:
+      raise ConfigError(f"{token!r} is not in the vocabulary {self!r}")
+    return self._ids[token]
+
+  def extends(self, other) -> bool:
+    """Whether this is `other` with tokens appended (what a checkpoint trained with `other`
+    may be finetuned with, its embedding grown)."""
+    return (isinstance(other, ByteLevelBPEVocabulary) and self._merges == other._merges
+            and self._tokens[:len(other._tokens)] == other._tokens
+            and self.added_tokens[:len(other.added_tokens)] == other.added_tokens)
 
   @property
   def style(self) -> str:
@@ -232,7 +266,7 @@ class ByteLevelBPEVocabulary(_TokenizersVocabulary):
 
   def _state(self) -> dict[str, Any]:
     return dict(vocab=dict(zip(self._tokens, range(len(self._tokens)))),
-                merges=[list(m) for m in self._merges])
+                merges=[list(m) for m in self._merges], added_tokens=list(self.added_tokens))
 
   def _save_files(self, directory: pathlib.Path, config: dict) -> None:
     atomic.write_file(str(directory / VOCAB_JSON), json.dumps(self._state()["vocab"],
@@ -240,11 +274,16 @@ class ByteLevelBPEVocabulary(_TokenizersVocabulary):
     atomic.write_file(str(directory / MERGES_TXT),
                       "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in self._merges))
     config.update(vocab_file=VOCAB_JSON, merges_file=MERGES_TXT)
+    if self.added_tokens:
+      config["added_tokens"] = list(self.added_tokens)
 
   @classmethod
   def _load(cls, directory: pathlib.Path, config: dict) -> ByteLevelBPEVocabulary:
+    added = config.get("added_tokens", [])
+    if not (isinstance(added, list) and all(isinstance(t, str) for t in added)):
+      raise ConfigError(f"{directory / CONFIG_FILE}: added_tokens must be a list of strings")
     return cls(_saved_file(directory, config, "vocab_file", VOCAB_JSON),
-               _saved_file(directory, config, "merges_file", MERGES_TXT))
+               _saved_file(directory, config, "merges_file", MERGES_TXT), added)
 
   @classmethod
   def _load_hf_directory(cls, directory: pathlib.Path) -> ByteLevelBPEVocabulary | None:

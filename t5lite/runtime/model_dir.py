@@ -108,6 +108,9 @@ def check_vocabulary(model_dir: str | os.PathLike, vocabulary: Vocabulary | None
                                    for name in (CONFIG_FILE, SPIECE_FILE)):
     return
   saved = load_vocabulary(model_dir)
+  extends = getattr(vocabulary, "extends", None)  # a LazyVocabulary delegates it
+  if what == "INITIAL_CHECKPOINT_PATH" and extends is not None and extends(saved):
+    return  # tokens added for finetuning (GPT-1's): the embedding grows (train.warm_start)
   if not vocabulary == saved:  # the task's on the left: a lazy one compares what it wraps
     raise ConfigError(
         f"{what} {model_dir} was trained with another vocabulary ({saved!r}) than the task's "
