@@ -230,3 +230,64 @@ def mean_log_likelihood(targets, scores) -> Metrics:
   target, nothing is decoded). [-1.5, -0.5] -> -1.0."""
   _check(targets, scores)
   return {"mean_log_likelihood": float(np.mean(scores))}
+
+
+# ---------------------------------------------------------------- entity-level (NER) metrics
+# seqeval's default mode (conlleval's chunk rules), for IOB1, IOB2, IOE and IOBES tags.
+
+def _chunk_end(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+  """Whether an entity ends before this tag (conlleval's endOfChunk)."""
+  return (prev_tag in ("E", "S") or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
+          or (prev_tag not in ("O", ".") and prev_type != type_))
+
+
+def _chunk_start(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+  """Whether an entity starts at this tag (conlleval's startOfChunk)."""
+  return (tag in ("B", "S") or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
+          or (tag not in ("O", ".") and prev_type != type_))
+
+
+def entity_spans(sequences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]]:
+  """The entities of tag sequences as (type, first, last) over the sequences laid end to end
+  with an "O" between them (as seqeval): an I- after O or another type starts an entity.
+
+  Example: [["B-PER", "I-PER", "O", "I-LOC"]] -> {("PER", 0, 1), ("LOC", 3, 3)}
+  """
+  flat = [tag for sequence in sequences for tag in list(sequence) + ["O"]]
+  spans, prev_tag, prev_type, begin = set(), "O", "", 0
+  for i, chunk in enumerate(flat + ["O"]):
+    tag, type_ = chunk[0], chunk[1:].split("-", maxsplit=1)[-1] or "_"
+    if _chunk_end(prev_tag, tag, prev_type, type_):
+      spans.add((prev_type, begin, i - 1))
+    if _chunk_start(prev_tag, tag, prev_type, type_):
+      begin = i
+    prev_tag, prev_type = tag, type_
+  return spans
+
+
+def entity_f1(targets, predictions) -> Metrics:
+  """Micro precision, recall and F1 (x 100) over entities, an entity right only when its
+  type, first and last word all match (seqeval's default; HF run_ner's "overall_*").
+  Targets and predictions are per-example lists of tags, each pair of the same length.
+
+  Example: targets [["B-PER", "I-PER", "O", "B-LOC"]], predictions [["B-PER", "I-PER", "O",
+    "O"]] -> 1 of 1 predicted right, 1 of 2 found -> precision 100, recall 50, f1 66.67
+  """
+  _check(targets, predictions)
+  for t, p in zip(targets, predictions):
+    if len(t) != len(p):
+      raise ValueError(f"a target has {len(t)} tags but its prediction {len(p)}")
+  true, predicted = entity_spans(targets), entity_spans(predictions)
+  correct = len(true & predicted)
+  precision = correct / len(predicted) if predicted else 0.0
+  recall = correct / len(true) if true else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+  return {"entity_precision": 100 * precision, "entity_recall": 100 * recall,
+          "entity_f1": 100 * f1}
+
+
+def token_accuracy(targets, predictions) -> Metrics:
+  """Percent of tags (over all examples' tags) equal to their target (seqeval's accuracy)."""
+  _check(targets, predictions)
+  pairs = [(t, p) for ts, ps in zip(targets, predictions) for t, p in zip(ts, ps)]
+  return {"token_accuracy": 100 * float(np.mean([t == p for t, p in pairs])) if pairs else 0.0}
