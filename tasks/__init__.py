@@ -4,4 +4,6 @@ Installed as the package `t5lite_tasks` (PyPI's unrelated `tasks` keeps its name
 as `import t5lite_tasks`. The data layer and the embedded default tasks land here next.
 """
 
-from . import c4, cnn_dailymail, embedded, glue, squad, vocab, wmt  # noqa: F401 (import = registration)
+from . import (  # noqa: F401 (import = registration)
+    c4, cnn_dailymail, conll_ner, embedded, embedded_gpt, embedded_heads, glue, glue_heads, squad,
+    squad_heads, vocab, wmt)

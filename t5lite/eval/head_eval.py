@@ -74,6 +74,15 @@ def head_outputs(task, config: ModelConfig, params: Tree, examples, length: int,
   return outputs
 
 
+def _slim(prediction):
+  """A prediction as a JSONL record shows it: a QA window's logits, offsets and context
+  (what its metric combines across windows) are left out."""
+  if isinstance(prediction, dict):
+    return {k: v for k, v in prediction.items()
+            if not isinstance(v, np.ndarray) and k != "context"}
+  return prediction
+
+
 def evaluate(task, examples, targets_: list, config: ModelConfig, params: Tree, length: int,
              batch_size: int) -> tuple[dict[str, float], list[dict]]:
   """(metrics, records) of a head task."""
@@ -82,5 +91,5 @@ def evaluate(task, examples, targets_: list, config: ModelConfig, params: Tree, 
   metrics: dict[str, float] = {}
   for fn in task.metric_fns:
     metrics.update({k: float(v) for k, v in fn(targets_, predictions).items()})
-  records = [{"target": t, "prediction": p} for t, p in zip(targets_, predictions)]
+  records = [{"target": t, "prediction": _slim(p)} for t, p in zip(targets_, predictions)]
   return metrics, records
