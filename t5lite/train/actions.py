@@ -29,7 +29,7 @@ from t5lite.errors import ConfigError
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.processes import all_flags
 from t5lite.train import cost_model, data_state, evaluation
-from t5lite.train.optimizers import learning_rate_at
+from t5lite.train.optimizers import learning_rate_at, optimizer_count
 
 
 class Action(abc.ABC):
@@ -79,7 +79,10 @@ class LogMetrics(Action):
     steps, seconds = window["steps"], loop.clock.seconds()
     lengths = loop.feature_lengths
     tokens = trainer.family.tokens_per_example(lengths) * config.batch_size * steps
-    lr = learning_rate_at(config.optimizer, loop.step - 1)
+    # The schedule reads the optimizer's count, which a finetuning run restarts at 0.
+    count = optimizer_count(loop.state.opt_state)
+    lr_step = int(jax.device_get(count)) - 1 if count is not None else loop.step - 1
+    lr = learning_rate_at(config.optimizer, max(lr_step, 0))
     record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens / seconds}
     if window["finite_steps"]:
       record["loss_mean"] = window["loss_sum"] / window["finite_steps"]

@@ -212,6 +212,16 @@ def trainable_only(optimizer: Optimizer, mask: Tree) -> Optimizer:
   return Optimizer(tx.init, tx.update, state_axes)
 
 
+def optimizer_count(opt_state: Tree) -> jax.Array | None:
+  """The optimizer's own update count (what its schedule reads): the first `count` leaf of
+  the optax state. It restarts at 0 when finetuning starts a fresh optimizer at a
+  checkpoint's step, so the schedule warms up again there, as in T5X."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state):
+    if path and str(getattr(path[-1], "name", getattr(path[-1], "key", ""))) == "count":
+      return leaf
+  return None
+
+
 def learning_rate_at(config: OptimizerConfig | ScheduleConfig, step: int) -> float:
   """The learning rate of update number `step` (0-based), for logging."""
   schedule = config.schedule if isinstance(config, OptimizerConfig) else config
