@@ -99,6 +99,13 @@ def test_the_expected_run_files_ship():
           "gin/runs/infer.gin", "gin/runs/demo.gin", "gin/runs/demo_finetune.gin"} <= set(RUN_FILES)
 
 
+# Run files that set options of one kind of model (a head, SpanBERT's objective) build with a
+# model file of that kind: (model file, its d_model).
+RUN_MODELS = {"gin/runs/bert_finetune.gin": ("gin/models/bert/tiny.gin", 128),
+              "gin/runs/stdlib_spanbert_pretrain.gin": ("gin/models/bert/tiny.gin", 128),
+              "gin/runs/gpt1_finetune.gin": ("gin/models/llama_style/tiny.gin", 64)}
+
+
 @pytest.mark.parametrize("path", RUN_FILES)
 def test_run_file_builds_its_config(path):
   """Every run file, with a model file where it has none and its required macros bound."""
@@ -107,7 +114,10 @@ def test_run_file_builds_its_config(path):
   macro, cls = {"gin/runs/eval.gin": ("EVAL_CONFIG", EvalConfig),
                 "gin/runs/infer.gin": ("INFER_CONFIG", InferConfig)}.get(
                     path, ("TRAIN_CONFIG", TrainConfig))
-  gin_config.parse([path, "gin/models/tiny.gin"], [
+  model_file, d_model = RUN_MODELS.get(path, ("gin/models/tiny.gin", 64))
+  # As users run them: the model file, then the run file that adapts it.
+  files = [model_file, path] if path in RUN_MODELS else [path, model_file]
+  gin_config.parse(files, [
       "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'",
       "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000",
       "CHECKPOINT_PATH='/tmp/run'"])
@@ -116,7 +126,7 @@ def test_run_file_builds_its_config(path):
     assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
     for name in T5X_MACROS:  # T5X users' scripts can rely on these names
       assert gin_config.macro(name, default=KeyError) is not KeyError, name
-    assert gin_config.model_config().d_model == 64
+    assert gin_config.model_config().d_model == d_model
   else:
     assert config.checkpoint_path == "/tmp/run" and config.decode.method == "greedy"
 

@@ -292,6 +292,9 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
 
 
 _MLM_FEATURES = ("inputs", "targets", "weights")
+# Optional per-example features (sentence pairs, span masking), laid in the same slot so
+# that they stay aligned with the tokens; stored + 1, so that 0 means "absent" or padding.
+_MLM_EXTRAS = ("token_type_ids", "span_left", "span_right", "span_offset", "sentence_label")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,24 +310,79 @@ class EncoderOnlyFeatureConverter(FeatureConverter):
        encoder_positions    = [0, 1, 2, 3, 0, 1, 0]
        mlm_target_tokens    = [5, 6, 7, 1, 8, 1, 0]
        mlm_loss_weights     = [0, 1, 0, 0, 1, 0, 0]
+
+  Examples may also carry (sentence_pairs.py, masking.py), each passed on when present:
+    token_type_ids (per token)  -> encoder_token_type_ids (per packed segment, 0 on padding)
+    span_left, span_right       -> mlm_span_left, mlm_span_right: positions within the ROW
+                                   (the example's start added when packed), 0 outside spans
+    span_offset                 -> mlm_span_offset (1-based place in the span, 0 outside)
+    sentence_label (a scalar)   -> sentence_labels, one per row (shape () per row, (B,) a
+                                   batch): unpacked only, as the pooler reads the row's
+                                   first token; packing them is a ConfigError.
+  Packed, I=10, one bin: an example of 4 tokens, then one of 5 whose span is its tokens 1..2
+  (span_left 0, span_right 3, span_offset [0, 1, 2, 0, 0]) ->
+       mlm_span_left   = [0, 0, 0, 0, 0, 4, 4, 0, 0, 0]
+       mlm_span_right  = [0, 0, 0, 0, 0, 7, 7, 0, 0, 0]
+       mlm_span_offset = [0, 0, 0, 0, 0, 1, 2, 0, 0, 0]
+  The optional keys appear in a row when its examples carry them, so the tasks of one
+  mixture should all carry them or none.
   """
   def _required(self):
     return ("inputs",)
 
   def _slots(self, lengths):
-    return ((_MLM_FEATURES, lengths["inputs"]),)  # aligned: one segment ids feature
+    # Aligned: one segment ids feature.
+    return ((_MLM_FEATURES + _MLM_EXTRAS, lengths["inputs"]),)
 
   def _prepare(self, example, lengths):
-    out = tuple([self._feature(example, k, lengths["inputs"]) for k in _MLM_FEATURES])
+    length = lengths["inputs"]
+    out = [self._feature(example, k, length) for k in _MLM_FEATURES]
     sizes = {k: len(example[k]) for k in _MLM_FEATURES}  # before trimming
+    size = len(out[0])
+    for key in _MLM_EXTRAS[:-1]:
+      if key not in example:
+        out.append(_zeros(size))
+        continue
+      sizes[key] = len(example[key])
+      value = self._feature(example, key, length) + 1
+      if key == "span_right" and len(value) < sizes["inputs"]:  # cut: keep it in the example
+        value = np.minimum(value, size)
+      out.append(value)
     if len(set(sizes.values())) != 1:
-      raise ValueError(f"{self._name}: inputs, targets and weights must have one "
-                       f"length, got {sizes}")
-    return out
+      raise ValueError(f"{self._name}: {', '.join(sizes)} must have one length, got {sizes}")
+    if "sentence_label" not in example:
+      return (*out, _zeros(size))
+    if self.pack:
+      raise ConfigError(f"{self._name}: examples with a sentence_label (sentence-pair tasks) "
+                        "need pack=False: the pooler reads each row's first token, so a row "
+                        "must hold one example (set TrainConfig.pack = False)")
+    label = np.asarray(example["sentence_label"])
+    if label.ndim or label.dtype.kind not in "iu" or label < 0:
+      raise ConfigError(f"{self._name}: sentence_label must be a non-negative integer scalar, "
+                        f"got {label!r}")
+    return (*out, np.full(size, int(label) + 1, np.int32))
 
   def _to_model(self, row):
-    return {**_encoder_features(row), "mlm_target_tokens": row["targets"],
-            "mlm_loss_weights": row["weights"]}
+    out = {**_encoder_features(row), "mlm_target_tokens": row["targets"],
+           "mlm_loss_weights": row["weights"]}
+    if row["token_type_ids"].any():
+      out["encoder_token_type_ids"] = np.maximum(row["token_type_ids"] - 1, 0)
+    if row["span_offset"].any():
+      offset = np.maximum(row["span_offset"] - 1, 0)
+      # Each token's example starts at (row index - position in its example).
+      start = np.arange(offset.shape[-1], dtype=np.int32) - row["inputs_positions"]
+      for key in ("span_left", "span_right"):
+        out[f"mlm_{key}"] = np.where(offset > 0, row[key] - 1 + start, 0).astype(np.int32)
+      out["mlm_span_offset"] = offset
+    if row["sentence_label"].any():
+      out["sentence_labels"] = np.maximum(row["sentence_label"][..., 0] - 1, 0)
+    return out
 
   def _model_lengths(self, lengths):
+    """The keys every row has; the optional ones (class docstring) depend on the examples."""
     return {k: lengths["inputs"] for k in (*ENCODER_KEYS, "mlm_target_tokens", "mlm_loss_weights")}
+
+
+def _zeros(size: int) -> np.ndarray:
+  """int32 zeros for an absent optional feature: a broadcast view, nothing allocated."""
+  return np.broadcast_to(np.int32(0), (size,))

@@ -78,9 +78,14 @@ def task_stats(name: str, split: str, lengths: Mapping[str, int],
                         "max": int(sizes.max()), "over_length": int((sizes > lengths.get(
                             feature, np.inf)).sum())}
   for pack in (False, True):
-    rows = converter(pack)(grain.MapDataset.source(examples).to_iter_dataset(), lengths)
-    stats["packing_efficiency" if pack else "padding_efficiency"] = round(
-        conv.packing_efficiency(rows), 4)
+    key = "packing_efficiency" if pack else "padding_efficiency"
+    try:
+      rows = converter(pack)(grain.MapDataset.source(examples).to_iter_dataset(), lengths)
+      stats[key] = round(conv.packing_efficiency(rows), 4)
+    except ConfigError as e:  # e.g. sentence-pair rows, which are never packed
+      if not pack:
+        raise
+      stats[key], stats["not_packable"] = None, str(e)
   return stats
 
 

@@ -1,0 +1,54 @@
+"""BERT-line pretraining tasks on the embedded stdlib corpus, one per landmark recipe.
+
+All read the stdlib docstrings (t5lite_tasks.embedded: its sources, its WordPiece vocabulary
+of 4000 ids, [PAD] 0 [UNK] 1 [CLS] 2 [SEP] 3 [MASK] 4, nothing downloaded) and mask 15% of
+the non-special tokens with new masks every epoch (t5lite.data.masking); the sentence tasks
+split documents into sentences with pysbd (t5lite.data.sentence_pairs):
+
+  stdlib_bert_pretrain      BERT: `[CLS] A [SEP] B [SEP]` pairs, B the next sentences or (50%)
+                            a random other document's (sentence_label 1), token-level
+                            80/10/10 masking (objectives.mlm)
+  stdlib_albert_pretrain    ALBERT: the same pairs with sentence order prediction (50%
+                            swapped, sentence_label 1) and n-gram masking (n <= 3 words)
+  stdlib_roberta_pretrain   RoBERTa: FULL-SENTENCES (sentences packed across documents,
+                            [SEP] between documents), one segment, token-level masking
+  stdlib_spanbert_pretrain  SpanBERT: `[CLS] piece [SEP]` single segments of the full inputs
+                            length, span masking with the span boundary features
+
+Example (stdlib_bert_pretrain, inputs 128): {"inputs": [2 ... 4 ... 3 ... 3], "targets":
+[2 ... 3 ... 3], "weights", "token_type_ids": [0 ... 0 1 ... 1], "sentence_label": 0,
+"truncated_tokens": 0}. The pair tasks need unpacked rows (TrainConfig.pack = False, as
+gin/runs/stdlib_bert_pretrain.gin sets); the converter passes token types, sentence labels
+and span features on to the model (EncoderOnlyFeatureConverter).
+"""
+from __future__ import annotations
+
+from t5lite.data import preprocessors as pp
+from t5lite.data.masking import masked_lm_preprocessors, masking_step
+from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
+from t5lite.data.sentence_pairs import (full_sentences_preprocessors,
+                                        sentence_pair_preprocessors, tokenize_sentences)
+
+from .embedded import MLM_FEATURES, SOURCES
+
+# Sentence splitting (pysbd) and tokenizing sentence by sentence come before the cache
+# point: `t5lite cache` stores the documents' sentences.
+_SENTENCES = [pp.rekey({"targets": "text"}), tokenize_sentences, CACHE_POINT]
+
+
+def register() -> None:
+  """Registers the four tasks (idempotent)."""
+  if "stdlib_bert_pretrain" in TaskRegistry.names():
+    return
+  add_task("stdlib_bert_pretrain", SOURCES, MLM_FEATURES,
+           [*_SENTENCES, *sentence_pair_preprocessors("nsp"), masking_step("token")])
+  add_task("stdlib_albert_pretrain", SOURCES, MLM_FEATURES,
+           [*_SENTENCES, *sentence_pair_preprocessors("sop"), masking_step("ngram")])
+  add_task("stdlib_roberta_pretrain", SOURCES, MLM_FEATURES,
+           [*_SENTENCES, *full_sentences_preprocessors(), masking_step("token")])
+  add_task("stdlib_spanbert_pretrain", SOURCES, MLM_FEATURES,
+           [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
+            *masked_lm_preprocessors("span", add_cls_sep=True)])
+
+
+register()
