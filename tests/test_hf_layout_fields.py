@@ -44,7 +44,19 @@ PERTURBATIONS = [
     ("tie_output_embedding", [True, False]), ("scale_logits", [True, False]),
     ("position_offset", [0, 2]), ("rope_theta", [500.0]),
     ("relative_attention_num_buckets", [8]), ("bos_id", [3]), ("eos_id", [4]),
-    ("prefix_lm", [True]),
+    ("prefix_lm", [True]), ("span_boundary_objective", [True]), ("max_span_length", [3]),
+    ("lm_loss_weight", [0.5]),
+]
+# The finetuning heads' options, walked from each head model of each layout (hf_heads).
+HEAD_PERTURBATIONS = [
+    ("head", ["sequence_classification", "token_classification", "question_answering",
+              "multiple_choice"]),
+    ("num_labels", [1, 5]),
+    ("problem_type", ["single_label_classification", "multi_label_classification",
+                      "regression"]),
+    ("classifier_dropout", [0.0, 0.3]), ("pooler", [True, False]),
+    ("tie_output_embedding", [False]), ("lm_loss_weight", [0.5]),
+    ("span_boundary_objective", [True]), ("max_span_length", [3]),
 ]
 
 
@@ -56,7 +68,8 @@ def effective(config):
       "norm_position", "use_bias", "scale_attention", "layer_norm_epsilon", "mlp_activation",
       "position_encoding", "type_vocab_size", "embedding_size", "embedding_norm",
       "scale_embeddings", "shared_layer_groups", "pooler", "sentence_classes",
-      "tie_output_embedding", "scale_logits", "bos_id", "eos_id", "prefix_lm")}
+      "tie_output_embedding", "scale_logits", "bos_id", "eos_id", "prefix_lm", "head",
+      "problem_type", "lm_loss_weight", "span_boundary_objective")}
   out["encoder_layers"] = c.num_encoder_layers if c.has_encoder else 0
   out["decoder_layers"] = c.num_decoder_layers if c.has_decoder else 0
   if c.shared_layer_groups == c.num_encoder_layers and c.layers_per_group == 1:
@@ -70,17 +83,26 @@ def effective(config):
                position_offset=c.position_offset)
   if c.position_encoding == "rope":
     out["rope_theta"] = c.rope_theta
+  if c.span_boundary_objective:
+    out["max_span_length"] = c.max_span_length
+  if c.head:  # no MLM / LM decoder: tying changes nothing
+    del out["tie_output_embedding"]
+  if c.head in ("sequence_classification", "token_classification"):
+    out["num_labels"] = c.num_labels  # QA has 2 outputs, multiple choice 1, whatever it says
+  if c.head and c.head != "question_answering" and c.has_encoder:  # decoders' have no dropout
+    out["classifier_dropout"] = (c.dropout_rate if c.classifier_dropout is None
+                                 else c.classifier_dropout)
   if c.position_encoding == "relative_bias":
     out.update(buckets=c.relative_attention_num_buckets,
                distance=c.relative_attention_max_distance)
   return out
 
 
-@pytest.mark.parametrize("model_type", sorted(BASES))
-def test_every_option_round_trips_or_is_refused_by_name(model_type, tmp_path):
-  base = hf_layout.for_model_type(model_type).config_from_hf(BASES[model_type], None)
+def walk(base, perturbations, tmp_path):
+  """(carried, refused): each perturbed config through save_hf and load_hf, asserting that
+  it comes back with the same effective fields or is refused by name."""
   carried = refused = 0
-  for field, values in PERTURBATIONS:
+  for field, values in perturbations:
     for value in values:
       try:
         changed = base.replace(**{field: value})
@@ -98,7 +120,29 @@ def test_every_option_round_trips_or_is_refused_by_name(model_type, tmp_path):
       loaded, _ = t5lite.load_hf(str(out))
       assert effective(loaded) == effective(changed), (field, value)
       carried += 1
+  return carried, refused
+
+
+@pytest.mark.parametrize("model_type", sorted(BASES))
+def test_every_option_round_trips_or_is_refused_by_name(model_type, tmp_path):
+  base = hf_layout.for_model_type(model_type).config_from_hf(BASES[model_type], None)
+  carried, refused = walk(base, PERTURBATIONS, tmp_path)
   assert carried and refused  # each layout both maps and refuses options
+
+
+@pytest.mark.parametrize("model_type", sorted(set(BASES) - {"t5"}))
+def test_every_head_option_round_trips_or_is_refused_by_name(model_type, tmp_path):
+  """From each head model a layout has (with the pooler HF's class has), every head option."""
+  layout = hf_layout.for_model_type(model_type)
+  pretraining = layout.config_from_hf(BASES[model_type], None)
+  encoder = pretraining.architecture == "encoder_only"
+  carried = refused = 0
+  for head in layout.heads.heads:
+    base = pretraining.replace(head=head, num_labels=3, **(
+        dict(sentence_classes=0, pooler=head in layout.heads.pooled) if encoder else {}))
+    c, r = walk(base, HEAD_PERTURBATIONS, tmp_path / head)
+    carried, refused = carried + c, refused + r
+  assert carried and refused
 
 
 def test_an_hf_tokenizer_folder_cannot_point_outside_itself(tmp_path):

@@ -3,7 +3,10 @@
 The files (config.json, model.safetensors or its shards, legacy .bin) are read and written
 here; what the names and shapes mean is the layout of each HF model_type (hf_layout.py and
 one module per type: hf_t5, hf_bert (BERT, RoBERTa), hf_albert, hf_gpt2, hf_llama). Import
-dispatches on config.json's `model_type`; export on the config's family.
+dispatches on config.json's `model_type`; export on the config's family. Finetuning heads
+(ModelConfig.head: BertForSequenceClassification, GPT2ForSequenceClassification, ...) are
+hf_heads' share of each layout: import reads the head from `architectures[0]` (or from the
+tensors present), export names the head's class.
 
 Untrusted input (limits.py): load_hf checks config.json's sizes (integers, the parameters they
 imply under the import ceiling) and then that the weight files hold that many values (the
@@ -21,7 +24,6 @@ import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
-from flax import traverse_util
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.export import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5  # noqa: F401 (register)

@@ -28,6 +28,12 @@ predictions.bias; transformers 5 drops both copies on save, older files may hold
 
 An unshared t5lite model (shared_layer_groups=0, layers_i) exports as num_hidden_groups =
 num_hidden_layers with one layer per group: slot i then runs group i, the same network.
+
+Finetuning heads (config.head; t5lite.export.hf_heads): AlbertFor{SequenceClassification,
+TokenClassification,QuestionAnswering,MultipleChoice} have the backbone, no MLM or SOP head,
+and `classifier` (on `albert.pooler` for sequence classification and multiple choice; HF's
+token and QA models are built without the pooler) or `qa_outputs`. Their dropout is
+`classifier_dropout_prob` (AlbertConfig's default 0.1), t5lite's classifier_dropout.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from typing import Mapping
 from t5lite.errors import ConfigError
 from t5lite.export.hf_bert import (ENCODER_NEEDS, FROM_HF_ACTIVATION, SIZES, TO_HF_ACTIVATION,
                                    check_heads, dense_entries, norm_entries, post_norm_layer)
+from t5lite.export.hf_heads import HeadSpec, encoder_needs
 from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
 
@@ -48,26 +55,33 @@ GROUP_SIZES = {"embedding_size": "embedding_size", "num_hidden_groups": "shared_
 # omits them (the big sizes have none worth guessing: AlbertConfig's are xxlarge's).
 DEFAULTS = {"max_position_embeddings": 512, "embedding_size": 128, "num_hidden_groups": 1,
             "inner_group_num": 1, "type_vocab_size": 2}
+# albert-base-v2 and its sizes name AlbertForMaskedLM, with AlbertForPreTraining's tensors.
+HEADS = HeadSpec("Albert", ("AlbertForPreTraining", "AlbertForMaskedLM"),
+                 dropout_key="classifier_dropout_prob", dropout_default=0.1)
 
 
 @register
 class AlbertLayout(HFLayout):
   """AlbertForPreTraining: MLM head at the embedding width, pooler and the SOP head."""
   model_types = ("albert",)
+  heads = HEADS
   size_fields = tuple(SIZES) + tuple(GROUP_SIZES)
 
   def checkpoint_tensors(self, tensors):
     return legacy_norm_names(tensors)
 
   def config_to_hf(self, config: ModelConfig) -> dict:
-    refuse(config, "albert", dict(ENCODER_NEEDS, position_offset=0, pooler=True,
-                                  sentence_classes=2))
+    HEADS.check(config, "albert")
+    needs = dict(ENCODER_NEEDS, position_offset=0, pooler=True, sentence_classes=2)
+    if config.head:  # no MLM decoder to tie: tying changes nothing
+      needs.update(encoder_needs(config, HEADS), tie_output_embedding=config.tie_output_embedding)
+    refuse(config, "albert", needs)
     check_heads(config, "albert")
     # HF always projects E -> H (embedding_hidden_mapping_in) and always adds token types;
     # t5lite projects when embedding_size is set, and adds types only when asked.
     if not config.embedding_size:
-      raise ConfigError(f"HF 'albert' projects its embeddings (embedding_size) to hidden_size; "
-                        f"this model has embedding_size=0 (no projection): set embedding_size "
+      raise ConfigError("HF 'albert' projects its embeddings (embedding_size) to hidden_size; "
+                        "this model has embedding_size=0 (no projection): set embedding_size "
                         "(ALBERT's is 128), or export it as 'bert'")
     if not config.type_vocab_size:
       raise ConfigError("HF 'albert' always adds token-type embeddings; this model has "
@@ -90,13 +104,15 @@ class AlbertLayout(HFLayout):
         "hidden_act": TO_HF_ACTIVATION[config.mlp_activation],
         "hidden_dropout_prob": config.dropout_rate,
         "attention_probs_dropout_prob": config.dropout_rate,
-        "classifier_dropout_prob": config.dropout_rate,
+        "classifier_dropout_prob": (config.dropout_rate if config.classifier_dropout is None
+                                    else config.classifier_dropout),
         "max_position_embeddings": config.max_position_embeddings,
         "type_vocab_size": config.type_vocab_size,
         "initializer_range": config.init_std or 0.02,
         "layer_norm_eps": config.layer_norm_epsilon,
         "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
         "tie_word_embeddings": True,
+        **HEADS.config_to_hf(config),
     }
 
   def config_from_hf(self, hf: Mapping, tensors, **overrides) -> ModelConfig:
@@ -121,6 +137,9 @@ class AlbertLayout(HFLayout):
         pooler=True, sentence_classes=2,
         init_std=self.number(hf, "initializer_range", 0.02),
         dropout_rate=self.rate(hf, "hidden_dropout_prob", 0.0))
+    head = HEADS.head_from_hf(hf, tensors)
+    if head:
+      values.update(HEADS.values_from_hf(hf, head))
     return ModelConfig(**{**values, **overrides})
 
   @staticmethod
@@ -147,6 +166,8 @@ class AlbertLayout(HFLayout):
         entries += post_norm_layer(
             ("encoder", ours),
             f"albert.encoder.albert_layer_groups.{g}.albert_layers.{k}", ALBERT_LAYER)
+    if config.head:
+      return entries + HEADS.entries(config, "albert.pooler")
     return (entries + dense_entries(("pooler",), "albert.pooler")
             + dense_entries(("sentence_classifier",), "sop_classifier.classifier")
             + dense_entries(("mlm_transform",), "predictions.dense")

@@ -1,4 +1,5 @@
-"""The HF layouts of BERT (`BertForPreTraining`) and RoBERTa (`RobertaForMaskedLM`).
+"""The HF layouts of BERT (`BertForPreTraining`) and RoBERTa (`RobertaForMaskedLM`), and of
+their finetuning heads (`BertForSequenceClassification`, ...: t5lite.export.hf_heads).
 
 Both are post-norm encoders with biases everywhere, exact-erf GELU ("gelu"), attention scaled
 by 1/sqrt(d_head), word + position + token-type embeddings summed and normed, and an MLM head
@@ -17,12 +18,18 @@ by 1/sqrt(d_head), word + position + token-type embeddings summed and normed, an
 
 RoBERTa's positions start after its padding index (pad id 1): position_offset = 2, so a
 table of max_position_embeddings = 514 serves 512 tokens.
+
+A head model (config.head) has the backbone above, no MLM head, and hf_heads' tensors: BERT's
+sequence and multiple-choice classifiers read `bert.pooler.dense`, RoBERTa's sequence
+classifier its own `classifier.dense` + `classifier.out_proj` (t5lite: pooler=False, head/dense
+and head/classifier), its multiple-choice one `roberta.pooler.dense`.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from t5lite.errors import ConfigError
+from t5lite.export.hf_heads import HeadSpec, encoder_needs
 from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
 
@@ -84,15 +91,26 @@ class _BertLike(HFLayout):
   prefix = "bert"
   position_offset = 0
   size_fields = tuple(SIZES)
+  heads: HeadSpec
 
   def needs(self, config: ModelConfig) -> dict:
-    return dict(ENCODER_NEEDS, position_offset=self.position_offset, embedding_size=0,
-                shared_layer_groups=0)
+    needs = dict(ENCODER_NEEDS, position_offset=self.position_offset, embedding_size=0,
+                 shared_layer_groups=0)
+    if config.head:  # no MLM decoder to tie: tying changes nothing
+      needs.update(encoder_needs(config, self.heads),
+                   tie_output_embedding=config.tie_output_embedding)
+    return needs
+
+  def head_config_to_hf(self, config: ModelConfig, pretraining: str) -> dict:
+    """architectures (the head's class, else `pretraining`) and the head's keys."""
+    return {"architectures": [pretraining], "classifier_dropout": config.classifier_dropout,
+            **self.heads.config_to_hf(config)}
 
   def checkpoint_tensors(self, tensors):
     return legacy_norm_names(tensors)
 
   def config_to_hf(self, config: ModelConfig) -> dict:
+    self.heads.check(config, self.model_types[0])
     refuse(config, self.model_types[0], self.needs(config))
     check_heads(config, self.model_types[0])
     if not config.type_vocab_size:
@@ -162,16 +180,24 @@ class BertLayout(_BertLike):
   """BertForPreTraining (MLM head, pooler and the next-sentence head: pooler=True,
   sentence_classes=2), or BertForMaskedLM (MLM head only) for checkpoints without them."""
   model_types = ("bert",)
+  heads = HeadSpec("Bert", ("BertForPreTraining", "BertForMaskedLM"))
 
   def needs(self, config):
+    if config.head:
+      return super().needs(config)
     head = config.pooler or config.sentence_classes  # BertForPreTraining, else BertForMaskedLM
     return dict(super().needs(config), pooler=bool(head), sentence_classes=2 if head else 0)
 
   def config_to_hf(self, config):
     architecture = "BertForPreTraining" if config.pooler else "BertForMaskedLM"
-    return {"architectures": [architecture], **super().config_to_hf(config), "pad_token_id": 0}
+    hf = super().config_to_hf(config)
+    return {**hf, **self.head_config_to_hf(config, architecture), "pad_token_id": 0}
 
   def config_from_hf(self, hf, tensors, **overrides):
+    head = self.heads.head_from_hf(hf, tensors)
+    if head:
+      values = dict(self.config_values(hf), family="bert", **self.heads.values_from_hf(hf, head))
+      return ModelConfig(**{**values, **overrides})
     # A checkpoint saved from BertForMaskedLM has neither pooler nor next-sentence head.
     heads = tensors is None or "cls.seq_relationship.weight" in tensors
     values = dict(self.config_values(hf), family="bert", pooler=heads,
@@ -179,6 +205,8 @@ class BertLayout(_BertLike):
     return ModelConfig(**{**values, **overrides})
 
   def head_entries(self, config):
+    if config.head:
+      return self.heads.entries(config, "bert.pooler.dense")
     heads = (dense_entries(("pooler",), "bert.pooler.dense")
              + dense_entries(("sentence_classifier",), "cls.seq_relationship")
              if config.pooler else [])
@@ -193,14 +221,20 @@ class RobertaLayout(_BertLike):
   model_types = ("roberta",)
   prefix = "roberta"
   position_offset = 2
+  # RobertaForMultipleChoice drops out at hidden_dropout_prob, not classifier_dropout.
+  heads = HeadSpec("Roberta", ("RobertaForMaskedLM",), pooled=("multiple_choice",),
+                   hidden_dropout_heads=("multiple_choice",))
 
   def needs(self, config):
+    if config.head:
+      return super().needs(config)
     # RobertaLMHead applies exact GELU whatever hidden_act says.
     return dict(super().needs(config), pooler=False, sentence_classes=0,
                 mlp_activation="gelu_exact")
 
   def config_to_hf(self, config):
-    return {"architectures": ["RobertaForMaskedLM"], **super().config_to_hf(config),
+    hf = super().config_to_hf(config)
+    return {**hf, **self.head_config_to_hf(config, "RobertaForMaskedLM"),
             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 
   def config_from_hf(self, hf, tensors, **overrides):
@@ -208,13 +242,17 @@ class RobertaLayout(_BertLike):
     if pad != 1:  # HF's position ids start at pad_token_id + 1
       raise ConfigError(f"config.json: pad_token_id={pad!r}; t5lite reads RoBERTa models whose "
                         "positions start at 2 (pad_token_id 1, as every published one)")
-    if hf.get("hidden_act", "gelu") != "gelu":  # the MLM head is exact GELU regardless
+    head = self.heads.head_from_hf(hf, tensors)
+    if not head and hf.get("hidden_act", "gelu") != "gelu":  # the MLM head is exact GELU
       raise ConfigError(f"config.json: hidden_act={hf['hidden_act']!r}; t5lite reads RoBERTa "
                         "models with hidden_act 'gelu' (its MLM head applies exact GELU always)")
-    values = dict(self.config_values(hf), family="roberta")
+    values = dict(self.config_values(hf), family="roberta",
+                  **(self.heads.values_from_hf(hf, head) if head else {}))
     return ModelConfig(**{**values, **overrides})
 
   def head_entries(self, config):
+    if config.head:
+      return self.heads.entries(config, "roberta.pooler.dense")
     return (dense_entries(("mlm_transform",), "lm_head.dense")
             + norm_entries(("mlm_norm",), "lm_head.layer_norm")
             + [Entry((("logits_dense", "bias"),), "lm_head.bias", "vector")])

@@ -26,6 +26,11 @@ bos_token_id / eos_token_id are ModelConfig.bos_id / eos_id both ways (GPT-2's 5
 
 The published checkpoints (openai-community/gpt2 and its sizes) were saved from GPT2Model and
 name their tensors without `transformer.`; `checkpoint_tensors` renames them to the names above.
+
+GPT2ForSequenceClassification (config.head='sequence_classification'; t5lite.export.hf_heads):
+the backbone, no lm_head, and `score.weight` (head/score/kernel, no bias) on the last real
+token. HF finds that token as the last one != pad_token_id, which export writes as 0 (the id
+t5lite's head converter pads rows with); t5lite reads the last position with segment id > 0.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import numpy as np
 
 from t5lite.errors import ConfigError
 from t5lite.export.hf_bert import check_heads, norm_entries
+from t5lite.export.hf_heads import DECODER_HEADS, HeadSpec
 from t5lite.export.hf_layout import Entry, HFLayout, refuse, register
 from t5lite.models.config import ModelConfig
 
@@ -51,6 +57,9 @@ GPT2_NEEDS = dict(architecture="decoder_only", norm="layer", norm_position="pre"
                   prefix_lm=False)
 # GPT-2 options t5lite has no equivalent of, with the value it can read.
 UNSUPPORTED = {"scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False}
+# GPT2ForSequenceClassification has no dropout before `score`: no classifier dropout key.
+HEADS = HeadSpec("GPT2", ("GPT2LMHeadModel", "GPT2Model"), heads=DECODER_HEADS,
+                 dropout_key=None, decoder=True)
 
 
 def check_kv_heads(config: ModelConfig, model_type: str) -> None:
@@ -65,9 +74,11 @@ def check_kv_heads(config: ModelConfig, model_type: str) -> None:
 class Gpt2Layout(HFLayout):
   """GPT2LMHeadModel (also distilgpt2, which shares model_type 'gpt2')."""
   model_types = ("gpt2",)
+  heads = HEADS
   size_fields = tuple(SIZES)
 
   def config_to_hf(self, config: ModelConfig) -> dict:
+    HEADS.check(config, "gpt2")
     refuse(config, "gpt2", GPT2_NEEDS)
     check_heads(config, "gpt2")
     check_kv_heads(config, "gpt2")
@@ -98,6 +109,7 @@ class Gpt2Layout(HFLayout):
         "use_cache": True,
         "bos_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
+        **HEADS.config_to_hf(config),
     }
 
   def config_from_hf(self, hf: Mapping, tensors, **overrides) -> ModelConfig:
@@ -124,6 +136,9 @@ class Gpt2Layout(HFLayout):
         dropout_rate=self.rate(hf, "resid_pdrop", 0.1),
         # GPT-2's <|endoftext|> (50256) both starts and ends its texts.
         **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 50256, 50256))
+    head = HEADS.head_from_hf(hf, tensors)
+    if head:
+      values.update(HEADS.values_from_hf(hf, head))
     return ModelConfig(**{**values, **overrides})
 
   @staticmethod
@@ -135,7 +150,7 @@ class Gpt2Layout(HFLayout):
     prefix = "transformer."
     if any(name.startswith(prefix) for name in tensors):
       return dict(tensors)
-    return {name if name.startswith("lm_head.") else prefix + name: value
+    return {name if name.startswith(("lm_head.", "score.")) else prefix + name: value
             for name, value in tensors.items()}
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
@@ -155,6 +170,8 @@ class Gpt2Layout(HFLayout):
         entries += [Entry((path + ("kernel",),), f"{hf}.mlp.{name}.weight", "conv1d"),
                     Entry((path + ("bias",),), f"{hf}.mlp.{name}.bias", "vector")]
     entries += norm_entries(("decoder", "decoder_norm"), "transformer.ln_f")
+    if config.head:  # a classifier: `score`, no LM head
+      return entries + HEADS.entries(config)
     if not config.tie_output_embedding:
       entries.append(Entry((("decoder", "logits_dense", "kernel"),), "lm_head.weight", "linear"))
     return entries

@@ -92,14 +92,16 @@ class Entry:
 
 class HFLayout:
   """How one HF model type maps to t5lite; see the module docstring. Subclass, set
-  `model_types` (the first is what export writes) and `architectures`, and decorate with
-  @register."""
+  `model_types` (the first is what export writes) and `heads` (when it has finetuning heads),
+  and decorate with @register."""
 
   model_types: ClassVar[tuple[str, ...]] = ()
   size_fields: ClassVar[tuple[str, ...]] = ()
   """config.json keys that must be positive integers (checked before anything is built)."""
   reads_torch_files: ClassVar[bool] = False
   """Whether legacy pytorch_model.bin weights are read (weights_only); else safetensors only."""
+  heads: ClassVar[object] = None
+  """The model type's finetuning heads (an hf_heads.HeadSpec), or None when it has none."""
 
   def config_to_hf(self, config: ModelConfig) -> dict:
     raise NotImplementedError

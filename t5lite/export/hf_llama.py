@@ -19,6 +19,11 @@ type has a t5lite equivalent: scaled variants (linear, dynamic, yarn, llama3, ..
 by name. `attention_bias` and `mlp_bias` must agree (t5lite's use_bias covers both).
 LLaMA's residual stream has no dropout, so an import has dropout_rate 0 (attention_dropout
 is not read). Export writes both rope spellings; bos_token_id / eos_token_id are ModelConfig.bos_id / eos_id.
+
+LlamaForSequenceClassification (config.head='sequence_classification'; t5lite.export.hf_heads):
+the backbone, no lm_head, and `score.weight` (head/score/kernel, no bias) on the last token
+!= pad_token_id, written as 0 (t5lite's head converter pads with 0 and reads the last position
+with segment id > 0).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Mapping
 
 from t5lite.errors import ConfigError
 from t5lite.export import limits
+from t5lite.export.hf_heads import DECODER_HEADS, HeadSpec
 from t5lite.export.hf_layout import Entry, HFLayout, refuse, register
 from t5lite.models.config import ModelConfig
 
@@ -40,6 +46,9 @@ SIZES = {"vocab_size": "vocab_size", "hidden_size": "d_model",
 LLAMA_NEEDS = dict(architecture="decoder_only", norm="rms", norm_position="pre",
                    scale_attention=True, position_encoding="rope", scale_logits=False,
                    scale_embeddings=False, embedding_norm=False, prefix_lm=False)
+# 'LLaMAForCausalLM': the class's name in early conversions. No dropout before `score`.
+HEADS = HeadSpec("Llama", ("LlamaForCausalLM", "LLaMAForCausalLM"), heads=DECODER_HEADS,
+                 dropout_key=None, decoder=True)
 
 
 def rope_theta(hf: Mapping) -> float:
@@ -76,9 +85,11 @@ def _optional_size(hf: Mapping, key: str, default: int) -> int:
 class LlamaLayout(HFLayout):
   """LlamaForCausalLM (LLaMA 1/2/3-style checkpoints with the default rotary embedding)."""
   model_types = ("llama",)
+  heads = HEADS
   size_fields = tuple(SIZES)
 
   def config_to_hf(self, config: ModelConfig) -> dict:
+    HEADS.check(config, "llama")
     refuse(config, "llama", LLAMA_NEEDS)
     if config.mlp_activation not in TO_HF_ACTIVATION:
       raise ConfigError(f"HF 'llama' has no equivalent of mlp_activation="
@@ -111,6 +122,7 @@ class LlamaLayout(HFLayout):
         "use_cache": True,
         "bos_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
+        **HEADS.config_to_hf(config),
     }
 
   def config_from_hf(self, hf: Mapping, tensors, **overrides) -> ModelConfig:
@@ -136,6 +148,9 @@ class LlamaLayout(HFLayout):
         tie_output_embedding=bool(hf.get("tie_word_embeddings", False)),
         init_std=self.number(hf, "initializer_range", 0.02), dropout_rate=0.0,
         **self.token_ids(hf, sizes["vocab_size"], "bos_token_id", 1, 2))  # <s>, </s>
+    head = HEADS.head_from_hf(hf, tensors)
+    if head:
+      values.update(HEADS.values_from_hf(hf, head))
     return ModelConfig(**{**values, **overrides})
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
@@ -158,6 +173,8 @@ class LlamaLayout(HFLayout):
       for name, proj in (("wi_0", "gate"), ("wi_1", "up"), ("wo", "down")):
         entries += dense(ours + ("mlp", name), f"{hf}.mlp.{proj}_proj")
     entries.append(Entry((("decoder", "decoder_norm", "scale"),), "model.norm.weight"))
+    if config.head:  # a classifier: `score`, no LM head
+      return entries + HEADS.entries(config)
     if not config.tie_output_embedding:
       entries.append(Entry((("decoder", "logits_dense", "kernel"),), "lm_head.weight", "linear"))
     return entries

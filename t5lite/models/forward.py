@@ -26,6 +26,7 @@ def _jitted(config: ModelConfig, sentence: bool):
                         decoder_segment_ids=jnp.ones_like(decoder_tokens))
     elif config.architecture == "decoder_only":
       out = model.apply({"params": params}, tokens, decoder_segment_ids=ones)
+      out = out[0] if isinstance(out, tuple) else out  # a classifier with GPT-1's LM loss
     else:
       out = model.apply({"params": params}, tokens, encoder_segment_ids=ones,
                         encoder_token_type_ids=token_types, with_sentence_logits=sentence)
@@ -56,7 +57,9 @@ def _run(config: ModelConfig, params: Params, input_ids, decoder_input_ids, toke
     raise ValueError("token_type_ids were given but the config has no token-type embeddings "
                      "(type_vocab_size=0)")
   for name, other in (("decoder_input_ids", decoder), ("token_type_ids", types)):
-    if other is not None and (tokens.ndim != 2 or other.ndim != 2
+    # Multiple choice: (batch, choices, length).
+    ndim = 3 if config.head == "multiple_choice" and tokens.ndim == 3 else 2
+    if other is not None and (tokens.ndim != ndim or other.ndim != ndim
                               or other.shape[0] != tokens.shape[0]):
       raise ValueError(f"expected (batch, length) token arrays with one batch size, got "
                        f"{tokens.shape} and {name} {other.shape}")
