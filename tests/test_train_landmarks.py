@@ -3,8 +3,10 @@
 Each family's shipped gin model file (gin/models/<name>/), shrunk by --gin.ModelConfig
 overrides where it is a published size (2 layers, width 64: compiling dominates, and the
 whole file stays within a few minutes on 2 CPU cores), trains a few dozen AdamW steps on an
-embedded task with its run file: BERT and ALBERT (its shared layers and factorized
-embeddings kept) on stdlib_mlm (gin/runs/stdlib_mlm.gin), GPT-2 and LLaMA-style on stdlib_lm
+embedded task with its run file: BERT on stdlib_bert_pretrain (MLM + next-sentence pairs),
+ALBERT (its shared layers and factorized embeddings kept) on stdlib_albert_pretrain (n-gram
+MLM + sentence order), RoBERTa on stdlib_roberta_pretrain (FULL-SENTENCES), SpanBERT on
+stdlib_spanbert_pretrain (span masking + the span boundary objective), GPT-2 and LLaMA-style on stdlib_lm
 (gin/runs/stdlib_lm.gin), the original Transformer on stdlib_span_corruption
 (gin/runs/pretrain.gin, label smoothing 0.1). Steps, batch, lengths and a constant learning
 rate are overridden to keep it short. The run goes through cli.main, the very path of
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from helpers import logged_losses
+from helpers import logged_losses, metrics_records
 from t5lite import cli, count_params, gin_config
 
 STEPS = 60
@@ -25,8 +27,8 @@ LAST = 5  # the loss that must have fallen: the mean of the last LAST steps' los
 # starts near ln(4096) = 8.3 nats, and a tiny model's first hundred steps end near the unigram
 # entropy of those 4000-token vocabularies (6.3-6.6 nats): 0.85 asks for a fall of 1.25 nats
 # (they fall 1.7-1.9). Span corruption's targets (sentinels, short spans) fall much further.
-RATIO = {"bert": 0.85, "roberta": 0.85, "albert": 0.85, "gpt2": 0.85, "llama": 0.85,
-         "transformer": 0.7}
+RATIO = {"bert": 0.85, "roberta": 0.85, "albert": 0.85, "spanbert": 0.85, "gpt2": 0.85,
+         "llama": 0.85, "transformer": 0.7}
 # AdamW at a constant 3e-3: a few dozen steps move a tiny model far.
 RUN = [f"TRAIN_STEPS={STEPS}", "BATCH_SIZE=8", "EVAL_PERIOD=0", "TrainConfig.log_period=1",
        "OptimizerConfig.name='adamw'", "ScheduleConfig.name='constant'",
@@ -39,12 +41,18 @@ LM_VOCAB = "gin/models/llama_style/tiny.gin"
 MLM_RUN, LM_RUN = "gin/runs/stdlib_mlm.gin", "gin/runs/stdlib_lm.gin"
 # name -> (model file, run file, TASK_FEATURE_LENGTHS, overrides, file whose vocab_size to use)
 LANDMARKS = {
-    "bert": ("gin/models/bert/tiny.gin", MLM_RUN, {"inputs": 64}, [], None),
-    "albert": ("gin/models/albert/base.gin", MLM_RUN, {"inputs": 64},
+    # Each encoder on its own pretraining recipe: MLM + NSP pairs, n-gram MLM + SOP pairs,
+    # FULL-SENTENCES with dynamic masking, span masking + the span boundary objective.
+    "bert": ("gin/models/bert/tiny.gin", "gin/runs/stdlib_bert_pretrain.gin", {"inputs": 64},
+             [], None),
+    "albert": ("gin/models/albert/base.gin", "gin/runs/stdlib_albert_pretrain.gin",
+               {"inputs": 64},
                SHRINK + ["ModelConfig.num_encoder_layers=2", "ModelConfig.embedding_size=16"],
                MLM_VOCAB),
-    "roberta": ("gin/models/roberta/base.gin", MLM_RUN, {"inputs": 64},
-                SHRINK + ["ModelConfig.num_encoder_layers=2"], MLM_VOCAB),
+    "roberta": ("gin/models/roberta/base.gin", "gin/runs/stdlib_roberta_pretrain.gin",
+                {"inputs": 64}, SHRINK + ["ModelConfig.num_encoder_layers=2"], MLM_VOCAB),
+    "spanbert": ("gin/models/bert/tiny.gin", "gin/runs/stdlib_spanbert_pretrain.gin",
+                 {"inputs": 64}, [], None),
     # The embedded BPE's <|endoftext|> is id 0 (GPT-2's own is 50256).
     "gpt2": ("gin/models/gpt2/small.gin", LM_RUN, {"targets": 64},
              SHRINK + ["ModelConfig.num_decoder_layers=2", "ModelConfig.bos_id=0",
@@ -95,7 +103,13 @@ def test_landmark_trains_through_the_cli_and_its_loss_falls(name, tmp_path):
   first, last = losses[1], sum(losses[s] for s in range(STEPS - LAST + 1, STEPS + 1)) / LAST
   assert last < RATIO[name] * first, [round(losses[s], 3) for s in sorted(losses)]
   # What made the run this family is still there after the overrides.
+  metrics = metrics_records(tmp_path)[-1]
+  if name in ("bert", "albert"):  # NSP / SOP trained beside the MLM
+    assert 0 < metrics["sentence_loss"] < 2 and 0 <= metrics["sentence_accuracy"] <= 1
+  if name == "spanbert":
+    assert 0 < metrics["sbo_loss"] < 2 * first
   expected = {"bert": dict(family="bert", norm_position="post", type_vocab_size=2, pooler=True),
+              "spanbert": dict(family="bert", span_boundary_objective=True),
               "roberta": dict(family="roberta", position_offset=2, type_vocab_size=1),
               "albert": dict(family="albert", shared_layer_groups=1, embedding_size=16),
               "gpt2": dict(family="gpt2", norm_position="pre", use_bias=True,
