@@ -203,3 +203,15 @@ def test_finetuning_a_pretrained_encoder_keeps_its_backbone_and_learns(tmp_path)
   np.testing.assert_array_equal(np.asarray(params["encoder"]["layers_1"]["mlp"]["wi"]["kernel"]),
                                 before["encoder"]["layers_1"]["mlp"]["wi"]["kernel"])
   np.testing.assert_array_equal(np.asarray(params["pooler"]["kernel"]), before["pooler"]["kernel"])
+
+
+def test_merge_grows_the_embedding_and_keeps_fresh_rows():
+  fresh = {"token_embedder": {"embedding": jnp.full((5, 2), 7.0)}, "w": jnp.zeros(3)}
+  old = np.arange(6, dtype=np.float32).reshape(3, 2)
+  plan = warm_start.WarmStartPlan(carried=("['w']",), grown=("['token_embedder']['embedding']",),
+                                  new=(), dropped=())
+  merged = warm_start.merge(fresh, {"['w']": np.ones(3, np.float32),
+                                    "['token_embedder']['embedding']": old}, plan)
+  np.testing.assert_array_equal(merged["token_embedder"]["embedding"][:3], old)
+  np.testing.assert_array_equal(merged["token_embedder"]["embedding"][3:], 7.0)
+  np.testing.assert_array_equal(merged["w"], 1.0)

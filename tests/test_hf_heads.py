@@ -32,12 +32,12 @@ MODELS = {
                                                  max_position_embeddings=22, **SHAPE)),
     "albert": (T.AlbertConfig, "Albert", dict(vocab_size=50, embedding_size=14, type_vocab_size=2,
                                               max_position_embeddings=20, **SHAPE)),
-    # pad_token_id 0: what t5lite's head converter pads with (hf_heads.DECODER_PAD_ID).
+    # pad_token_id: the eos id, which export writes as the pad (HF's usual choice).
     "gpt2": (T.GPT2Config, "GPT2", dict(vocab_size=50, n_embd=30, n_layer=2, n_head=5,
-                                        n_inner=37, n_positions=20, pad_token_id=0,
+                                        n_inner=37, n_positions=20, pad_token_id=49,
                                         bos_token_id=49, eos_token_id=49)),
     "llama": (T.LlamaConfig, "Llama", dict(vocab_size=50, num_key_value_heads=1,
-                                           pad_token_id=0, **SHAPE)),
+                                           pad_token_id=2, **SHAPE)),
 }
 HEADS = {"sequence_classification": ("ForSequenceClassification",
                                      T.AutoModelForSequenceClassification),
@@ -200,7 +200,9 @@ def test_head_losses_equal_hf(name, tmp_path):
     lengths = np.asarray(lengths)[:, None] - np.arange(3)  # (B, C): choices differ too
   if config.architecture == "decoder_only":
     real = (np.arange(LENGTH) < np.asarray(lengths)[:, None]).astype(np.int32)
-    batch = {"decoder_input_tokens": ids * real, "decoder_segment_ids": real,
+    pad = model.config.pad_token_id  # HF reads the last token that is not the pad
+    ids = np.where(ids == pad, 5, ids)
+    batch = {"decoder_input_tokens": np.where(real > 0, ids, pad), "decoder_segment_ids": real,
              "decoder_positions": np.arange(LENGTH)[None] * real}
     prefix = "decoder"
   else:
@@ -222,9 +224,13 @@ def test_unknown_architectures_and_head_options_without_hf_equivalent_are_refuse
     t5lite.load_hf(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps(hf))
   config, params = t5lite.load_hf(str(tmp_path))
-  with pytest.raises(ConfigError, match="pooler"):
-    t5lite.save_hf(config.replace(pooler=True), {**params, "pooler": params["head"]["classifier"]},
-                   str(tmp_path / "out"))
+  # A tagger finetuned from a BERT keeps its pretrained pooler, which it never reads: it
+  # exports without it, as HF's BertForTokenClassification has none.
+  d = config.d_model
+  pooler = {"kernel": np.eye(d, dtype=np.float32), "bias": np.zeros(d, np.float32)}
+  t5lite.save_hf(config.replace(pooler=True), {**params, "pooler": pooler}, str(tmp_path / "out"))
+  again, _ = t5lite.load_hf(str(tmp_path / "out"))
+  assert again.head == "token_classification" and not again.pooler
   gpt2 = make_hf("gpt2", "sequence_classification")
   gpt2.save_pretrained(tmp_path / "gpt2")
   config, params = t5lite.load_hf(str(tmp_path / "gpt2"))

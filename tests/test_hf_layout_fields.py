@@ -78,6 +78,8 @@ def effective(config):
     out["layers_per_group"] = c.layers_per_group
   if not c.has_decoder:  # an encoder decodes nothing: no start or end token
     del out["bos_id"], out["eos_id"]
+  if c.head in ("token_classification", "question_answering"):
+    del out["pooler"]  # these heads read no pooler (HF builds them without one)
   if c.position_encoding == "learned":
     out.update(max_position_embeddings=c.max_position_embeddings,
                position_offset=c.position_offset)

@@ -5,8 +5,9 @@ token stream for a decoder, with its classifier reading the last token.
   entailment      [START] premise [DELIM] hypothesis [EXTRACT]
 
 The three tokens are added to the vocabulary (ByteLevelBPEVocabulary.with_added_tokens, as
-HF's `add_special_tokens`) and to the model's embedding (new rows, fresh: a checkpoint of the
-smaller vocabulary warm-starts it, t5lite.train.warm_start). The model is a decoder-only
+HF's `add_special_tokens`) and to the model's embedding: a checkpoint with fewer rows grows
+fresh ones (t5lite.train.warm_start); a table padded past the vocabulary (4096 rows for
+4000 ids) already has rows for them, never read in pretraining. The model is a decoder-only
 model with ModelConfig.head = 'sequence_classification' (the classifier on the last real
 token, which is [EXTRACT]) and lm_loss_weight = 0.5, GPT-1's auxiliary LM objective
 L3 = L2 + 0.5 L1 over the same tokens.

@@ -47,12 +47,6 @@ SUFFIXES = {"sequence_classification": "ForSequenceClassification",
             "multiple_choice": "ForMultipleChoice"}
 ENCODER_HEADS = tuple(SUFFIXES)
 DECODER_HEADS = ("sequence_classification",)
-# The id a decoder classifier's config.json names as padding: HF's GPT-2 / LLaMA classifiers
-# read the last token != pad_token_id, and t5lite's head converter pads rows with 0 (our model
-# reads the last position whose segment id is > 0, the same token on such rows).
-DECODER_PAD_ID = 0
-
-
 def _dense(ours: tuple[str, ...], hf: str) -> list[Entry]:
   return [Entry((ours + ("kernel",),), f"{hf}.weight", "linear"),
           Entry((ours + ("bias",),), f"{hf}.bias", "vector")]
@@ -201,7 +195,9 @@ class HeadSpec:
         dropout = config.dropout_rate
       out[self.dropout_key] = dropout
     if self.decoder:
-      out["pad_token_id"] = DECODER_PAD_ID
+      # HF classifies the last token that is not pad_token_id. GPT-2's id 0 is "!", so the
+      # pad is the end-of-text token, HF's usual choice (tokenizer.pad_token = eos_token).
+      out["pad_token_id"] = config.eos_id
     return out
 
   # --- weights -------------------------------------------------------------------------------
@@ -213,7 +209,10 @@ class HeadSpec:
       return []
     if self.decoder:
       return [Entry((("head", "score", "kernel"),), "score.weight", "linear")]
-    entries = _dense(("pooler",), pooler) if config.pooler and pooler else []
+    # Token classification and QA read no pooler (HF builds them without one): a finetuned
+    # model that kept its pretrained pooler exports without it, losing nothing it computes.
+    pooled = config.head in self.pooled
+    entries = _dense(("pooler",), pooler) if config.pooler and pooler and pooled else []
     if config.head == "question_answering":
       return entries + _dense(("head", "qa_outputs"), "qa_outputs")
     if config.head == "sequence_classification" and not config.pooler:  # RoBERTa's head
@@ -223,5 +222,8 @@ class HeadSpec:
 
 
 def encoder_needs(config: ModelConfig, spec: HeadSpec) -> dict:
-  """The pooler / sentence-head values HF's class for config.head has (head configs only)."""
+  """The pooler / sentence-head values HF's class for config.head has (head configs only).
+  Token classification and QA read no pooler: a model with one exports without it."""
+  if config.head in ("token_classification", "question_answering"):
+    return dict(pooler=config.pooler, sentence_classes=0)
   return dict(pooler=config.head in spec.pooled, sentence_classes=0)

@@ -290,19 +290,24 @@ class Trainer:
     path = os.path.expanduser(path)
     hf = os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
         os.path.join(path, ckpt_lib.CHECKPOINTS_DIR))
+    wanted = warm_start.shapes_of(self.abstract_params)
     if hf:
       hf_params, old_vocab = self._hf_params(path)
       saved, step = warm_start.shapes_of(hf_params), 0
     else:
       saved = checkpoint_reader.saved_param_shapes(path)
-      old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
-    wanted = warm_start.shapes_of(self.abstract_params)
     if saved == wanted:
       if hf:
         return self._place(hf_params), 0
       return checkpoint_reader.restore_params(path, self.abstract_params)
-    plan = warm_start.plan_warm_start(wanted, saved, old_vocab=old_vocab,
-                                      new_vocab=self.model_config.vocab_size, source=path)
+    if not hf:
+      old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
+    # Rows are added only for ids the task's vocabulary has beyond the checkpoint's (added
+    # tokens): a model merely configured with another vocab_size is refused, as before.
+    grows = self.vocabulary is not None and self.vocabulary.vocab_size > old_vocab
+    plan = warm_start.plan_warm_start(
+        wanted, saved, old_vocab=old_vocab,
+        new_vocab=self.model_config.vocab_size if grows else old_vocab, source=path)
     log(f"t5lite: warm start from {path}: {plan.summary()}")
     if hf:
       loaded = {k: v for k, v in warm_start.flat(hf_params).items()
@@ -327,7 +332,8 @@ class Trainer:
     from t5lite.export.hf import load_hf  # torch-free unless the checkpoint is a .bin
     hf_config, params = load_hf(path)
     mine, theirs = self.model_config.to_dict(), hf_config.to_dict()
-    shape_fields = ("d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
+    grows = self.vocabulary is not None and self.vocabulary.vocab_size > theirs["vocab_size"]
+    shape_fields = ("vocab_size",) * (not grows) + ("d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
                     "num_decoder_layers", "mlp_activation", "tie_output_embedding")
     differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
               if mine[k] != theirs[k]]

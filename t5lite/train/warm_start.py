@@ -111,11 +111,12 @@ def merge(fresh: Tree, loaded: Mapping[str, Any], plan: WarmStartPlan) -> Tree:
     key = jax.tree_util.keystr(path)
     if key in plan.carried:
       return jax.device_put(loaded[key], leaf.sharding).astype(leaf.dtype)
-    if key in plan.grown:
-      old = np.asarray(loaded[key])
-      new = np.array(leaf)
-      new[tuple(slice(0, n) for n in old.shape)] = old
-      return jax.device_put(new.astype(leaf.dtype), leaf.sharding)
+    if key in plan.grown:  # on the devices: the fresh leaf may span several hosts
+      old = np.asarray(loaded[key])  # replicated when restored: every host holds it whole
+      index = tuple(slice(0, n) for n in old.shape)
+      grow = jax.jit(lambda new, o: new.at[index].set(o.astype(new.dtype)),
+                     out_shardings=leaf.sharding)
+      return grow(leaf, old)
     return leaf
   return jax.tree_util.tree_map_with_path(pick, fresh)
 
