@@ -156,15 +156,16 @@ def test_gpt1_loss_is_task_mean_plus_half_the_lm_mean():
 
 
 def test_a_head_task_needs_a_model_with_that_head(tmp_path):
-  from t5lite.train.trainer import Trainer
+  from t5lite.train.trainer import train
   import train_tasks  # noqa: F401 (registers train_test_classify)
+  run = train_config(tmp_path, mixture_or_task_name="train_test_classify",
+                     task_feature_lengths={"inputs": 32})
   with pytest.raises(ConfigError, match="set ModelConfig.head = 'sequence_classification'"):
-    Trainer(tiny_encoder_only(), train_config(tmp_path, mixture_or_task_name="train_test_classify",
-                                              task_feature_lengths={"inputs": 32}))
+    train(tiny_encoder_only(), run, log=quiet)
   with pytest.raises(ConfigError, match="set ModelConfig.num_labels = 2"):
-    Trainer(tiny_encoder_only(head="sequence_classification", num_labels=3, pooler=True),
-            train_config(tmp_path, mixture_or_task_name="train_test_classify",
-                         task_feature_lengths={"inputs": 32}))
+    train(tiny_encoder_only(head="sequence_classification", num_labels=3, pooler=True), run,
+          log=quiet)
+  assert not (tmp_path / "model_config.json").exists()  # refused before writing anything
 
 
 @pytest.mark.slow

@@ -178,7 +178,6 @@ class Trainer:
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.family = family_of(model_config, config.step.loss_options())
-    check_heads(model_config, tasks_of(config.mixture_or_task_name))
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
@@ -372,6 +371,7 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
     # Training is unaffected; decoding would stop at the wrong token (or never).
     log(f"note: the vocabulary's EOS is id {eos} but ModelConfig.eos_id={model_config.eos_id}, "
         f"where decoding stops: set ModelConfig.eos_id={eos} to decode this task")
+  check_heads(model_config, tasks_of(config.mixture_or_task_name))
   trainer = Trainer(model_config, config, mesh)
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
