@@ -182,14 +182,14 @@ def test_finetuning_a_pretrained_encoder_keeps_its_backbone_and_learns(tmp_path)
                                 sentence_classes=0)
   lines = []
   train(finetune, train_config(
-      tmp_path / "ft", mixture_or_task_name="train_test_classify", train_steps=30,
+      tmp_path / "ft", mixture_or_task_name="train_test_classify", train_steps=24,
       task_feature_lengths={"inputs": 64}, initial_checkpoint_path=str(tmp_path / "pre"),
-      eval_period=30, infer_eval_period=30, log_period=1), log=lines.append)
+      eval_period=24, infer_eval_period=24, log_period=1), log=lines.append)
   assert any("newly initialized: ['head']['classifier']['bias']" in line for line in lines)
   assert any("not used: ['logits_dense']['bias']" in line for line in lines)
   _, before, _ = checkpoint_params(tmp_path / "pre")
   losses = logged_losses(tmp_path / "ft")
-  first, last = (np.mean([losses[s] for s in steps]) for steps in (range(4, 9), range(26, 31)))
+  first, last = (np.mean([losses[s] for s in steps]) for steps in (range(4, 9), range(20, 25)))
   assert last < first, losses
   from helpers import metrics_records
   final = metrics_records(tmp_path / "ft")[-1]
