@@ -318,8 +318,6 @@ class Trainer:
                   for k, v in warm_start.flat(self.abstract_params).items()
                   if k in plan.carried or k in plan.grown}
       tree = warm_start.subset_tree(self.abstract_params, abstract)
-      tree = jax.tree_util.tree_map_with_path(
-          lambda p, x: abstract[jax.tree_util.keystr(p)], tree)
       restored, step = checkpoint_reader.restore_params(path, tree, subset=True)
       loaded = warm_start.flat(restored)
     fresh = jax.jit(self.family.init_params, out_shardings=self.param_shardings)(

@@ -90,17 +90,18 @@ def shapes_of(tree: Tree) -> dict[str, tuple[int, ...]]:
           jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def subset_tree(tree: Tree, keys) -> dict:
-  """The leaves of `tree` at these keystr paths, as a nested dict (what orbax restores)."""
-  keys = set(keys)
+def subset_tree(tree: Tree, leaves: Mapping[str, Any]) -> dict:
+  """A nested dict (what orbax restores) holding leaves[k] at each keystr path k of `tree`
+  that `leaves` names, e.g. abstract params of the checkpoint's shapes."""
   out: dict = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    if jax.tree_util.keystr(path) in keys:
+  for path, _ in jax.tree_util.tree_leaves_with_path(tree):
+    key = jax.tree_util.keystr(path)
+    if key in leaves:
       node = out
       names = [str(getattr(k, "key", k)) for k in path]
       for name in names[:-1]:
         node = node.setdefault(name, {})
-      node[names[-1]] = leaf
+      node[names[-1]] = leaves[key]
   return out
 
 
