@@ -14,6 +14,9 @@ split documents into sentences with pysbd (t5lite.data.sentence_pairs):
                             [SEP] between documents), one segment, token-level masking
   stdlib_spanbert_pretrain  SpanBERT: `[CLS] piece [SEP]` single segments of the full inputs
                             length, span masking with the span boundary features
+  stdlib_electra_pretrain   ELECTRA: `[CLS] piece [SEP]` pieces, 15% of the tokens masked, 85%
+                            of those [MASK] and 15% unchanged (no random tokens: the
+                            generator's samples are the replacements)
 
 Example (stdlib_bert_pretrain, inputs 128): {"inputs": [2 ... 4 ... 3 ... 3], "targets":
 [2 ... 3 ... 3], "weights", "token_type_ids": [0 ... 0 1 ... 1], "sentence_label": 0,
@@ -28,6 +31,7 @@ from t5lite.data.masking import masked_lm_preprocessors, masking_step
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.data.sentence_pairs import (full_sentences_preprocessors,
                                         sentence_pair_preprocessors, tokenize_sentences)
+from t5lite.families.electra import MASK_RATE, MASK_TOKEN_RATE
 
 from .embedded import MLM_FEATURES, SOURCES
 
@@ -49,6 +53,10 @@ def register() -> None:
   add_task("stdlib_spanbert_pretrain", SOURCES, MLM_FEATURES,
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
             *masked_lm_preprocessors("span", add_cls_sep=True)])
+  add_task("stdlib_electra_pretrain", SOURCES, MLM_FEATURES,
+           [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
+            *masked_lm_preprocessors("token", add_cls_sep=True, mask_rate=MASK_RATE,
+                                     random_rate=0.0, keep_rate=1.0 - MASK_TOKEN_RATE)])
 
 
 register()

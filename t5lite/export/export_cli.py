@@ -17,7 +17,8 @@ import sys
 import warnings
 
 FORMATS = {
-    "hf": "HF transformers T5: config.json, model.safetensors, spiece.model, tokenizer.json",
+    "hf": "HF transformers: config.json, model.safetensors and tokenizer files (ELECTRA: one "
+          "directory per network)",
     "params": "a params-only MODEL_DIR (no optimizer or data state), optionally cast to bf16",
     "serving": "a jax.export artifact (encode + decode) with params and vocabulary",
 }
@@ -51,13 +52,20 @@ def usage(doc: str, formats: dict[str, str], argv: list[str]) -> int:
 
 def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
               dtype: str | None = None) -> dict:
-  """An HF T5 directory from a t5lite checkpoint: weights, config and tokenizer files."""
+  """An HF directory from a t5lite checkpoint: weights, config and tokenizer files. A model
+  of several networks (ELECTRA's generator and discriminator) gives one directory each,
+  out/<network name>."""
   from t5lite.export import hf, hf_tokenizer, params_only
+  from t5lite.families import family_of
   config, params, step, vocabulary = _load(checkpoint)
   params = params_only.cast_params(params, dtype)
-  files = hf.save_hf(config, params, out, max_shard_bytes=max_shard_bytes)
-  if vocabulary is not None:
-    files += hf_tokenizer.write_hf_tokenizer(vocabulary, out)
+  files = []
+  for name, net_config, net_params in family_of(config).networks(params):
+    path = os.path.join(out, name) if name else out
+    written = hf.save_hf(net_config, net_params, path, max_shard_bytes=max_shard_bytes)
+    if vocabulary is not None:
+      written += hf_tokenizer.write_hf_tokenizer(vocabulary, path)
+    files += [os.path.join(name, f) if name else f for f in written]
   return {"export": "hf", "step": step, "out": os.path.abspath(out), "files": sorted(files)}
 
 

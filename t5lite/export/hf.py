@@ -26,7 +26,7 @@ import safetensors
 import safetensors.numpy
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.export import hf_albert, hf_bert, hf_gpt2, hf_llama, hf_t5  # noqa: F401 (register)
+from t5lite.export import hf_albert, hf_bert, hf_electra, hf_gpt2, hf_llama, hf_t5  # noqa: F401
 from t5lite.export import hf_layout, limits
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import Params

@@ -99,6 +99,8 @@ class _BertLike(HFLayout):
     if config.head:  # no MLM decoder to tie: tying changes nothing
       needs.update(encoder_needs(config, self.heads),
                    tie_output_embedding=config.tie_output_embedding)
+      if config.head == "sequence_classification" and not needs["pooler"]:
+        needs["classifier_activation"] = "tanh"  # RobertaClassificationHead's
     return needs
 
   def head_config_to_hf(self, config: ModelConfig, pretraining: str) -> dict:

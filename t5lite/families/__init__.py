@@ -8,6 +8,7 @@ Importing this package registers the built-in families: encoder-decoder (T5), de
 """
 from t5lite.families import decoder_only, encoder_decoder, encoder_only  # noqa: F401 (registers)
 from t5lite.families import landmarks  # noqa: F401 (registers bert, roberta, albert, gpt2, llama)
+from t5lite.families import electra  # noqa: F401 (registers electra)
 from t5lite.families.base import Family, LossOptions, token_loss_sums
 from t5lite.families.registry import family_of, get, names, register
 

@@ -12,6 +12,7 @@ T5X's BaseTransformerModel idea in our own shape. A family owns, for its kind of
   decoding  generate(params, inputs, ...), score(params, inputs, targets)
   cost      flops_per_example(lengths), tokens_per_example(lengths)
   export    hf_model_type             the HF mapping t5lite.export.hf uses (None: no HF layout)
+            networks(params)          (name, config, params) of each network it holds
 
 The trainer, evaluator, cost model, CLI and export ask the family; none of them branches on
 which family it is. A new family is one module: subclass Family, set `name`, override what
@@ -120,6 +121,11 @@ class Family(abc.ABC):
   def param_logical_axes(self) -> Tree:
     """Params tree of PartitionSpecs over logical axis names, e.g. P('embed', 'heads', 'kv')."""
     return nn.get_partition_spec(jax.eval_shape(self._boxed_params, jax.random.key(0)))
+
+  def networks(self, params: Tree) -> list[tuple[str, ModelConfig, Tree]]:
+    """(name, config, params) of each network a model holds, for export: one, named '', for
+    most families; ELECTRA's pretraining pair gives its discriminator and generator."""
+    return [("", self.config, params)]
 
   def trainable_mask(self, params: Tree) -> Tree:
     """A tree of bools shaped like params: True where the optimizer updates the parameter."""

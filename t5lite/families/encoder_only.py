@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from t5lite.data import converters, pretraining
 from t5lite.families import heads
 from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
+from t5lite.families.registry import register
 from t5lite.models import losses
 
 
@@ -26,7 +27,33 @@ def mlm_slots(length: int) -> int:
   multiples of 8. Example: 128 -> 32, 512 -> 128, 10 -> 8."""
   quarter = -(-length // 4)  # ceil(L / 4)
   return min(length, (quarter + 7) // 8 * 8)
-from t5lite.families.registry import register
+
+
+def on_chosen(loss_at, weights, normalizing_factor):
+  """loss_at(pick, put) where pick gathers (B, L, ...) features at each row's first
+  MLM_SLOTS(L) weighted positions (when no row has more) and put(full, values) writes
+  picked-shaped values back into a (B, L) array; else both are the identity. The same sums
+  either way, the other positions' weights being 0."""
+  length = weights.shape[1] if weights is not None else 0
+  slots = mlm_slots(length) if length else 0
+  # NUM_TOTAL_TARGET_TOKENS counts every position, AVERAGE_PER_SEQUENCE every segment.
+  if (weights is None or slots >= length
+      or normalizing_factor in (losses.NUM_TOTAL_TARGET_TOKENS, losses.AVERAGE_PER_SEQUENCE)):
+    return loss_at(lambda x: x, lambda full, values: values)
+  chosen = weights > 0  # (B, L)
+  # Each row's weighted positions first (stable: in order), then the rest.
+  order = jnp.argsort(~chosen, axis=1, stable=True)[:, :slots]  # (B, K)
+
+  def pick(x):
+    index = order.reshape(order.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1)
+
+  def put(full, values):
+    rows = jnp.arange(full.shape[0])[:, None]
+    return full.at[rows, order].set(values.astype(full.dtype))
+  return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots),
+                      lambda: loss_at(pick, put),
+                      lambda: loss_at(lambda x: x, lambda full, values: values))
 
 
 @register
@@ -110,25 +137,7 @@ class EncoderOnlyFamily(Family):
     return token_loss_sums(logits, pick(batch["mlm_target_tokens"]), weights, None, self.loss)
 
   def _on_chosen(self, loss_at, weights):
-    """loss_at(pick) where pick gathers (B, L, ...) features at each row's first MLM_SLOTS(L)
-    weighted positions (when no row has more), else the identity: the same sums either way,
-    the other positions' weights being 0."""
-    length = weights.shape[1] if weights is not None else 0
-    slots = mlm_slots(length) if length else 0
-    # NUM_TOTAL_TARGET_TOKENS counts every position, AVERAGE_PER_SEQUENCE every segment.
-    if (weights is None or slots >= length
-        or self.loss.loss_normalizing_factor in (losses.NUM_TOTAL_TARGET_TOKENS,
-                                                 losses.AVERAGE_PER_SEQUENCE)):
-      return loss_at(lambda x: x)
-    chosen = weights > 0  # (B, L)
-    # Each row's weighted positions first (stable: in order), then the rest.
-    order = jnp.argsort(~chosen, axis=1, stable=True)[:, :slots]  # (B, K)
-
-    def pick(x):
-      index = order.reshape(order.shape + (1,) * (x.ndim - 2))
-      return jnp.take_along_axis(x, index, axis=1)
-    return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots),
-                        lambda: loss_at(pick), lambda: loss_at(lambda x: x))
+    return on_chosen(lambda pick, put: loss_at(pick), weights, self.loss.loss_normalizing_factor)
 
   def metrics(self, sums, normalizer):
     if self.config.head:

@@ -16,7 +16,7 @@ from t5lite.families.encoder_only import EncoderOnlyFamily
 from t5lite.families.registry import register
 
 
-class _Checked:
+class ArchitectureChecked:
   """Refuses a config of another architecture (a 'bert' decoder would export nonsense)."""
   architecture = ""
 
@@ -27,7 +27,7 @@ class _Checked:
 
 
 @register
-class BertFamily(_Checked, EncoderOnlyFamily):
+class BertFamily(ArchitectureChecked, EncoderOnlyFamily):
   """BERT (HF BertForPreTraining: MLM head, pooler and next-sentence head)."""
   name = "bert"
   hf_model_type = "bert"
@@ -35,7 +35,7 @@ class BertFamily(_Checked, EncoderOnlyFamily):
 
 
 @register
-class RobertaFamily(_Checked, EncoderOnlyFamily):
+class RobertaFamily(ArchitectureChecked, EncoderOnlyFamily):
   """RoBERTa (HF RobertaForMaskedLM: positions start after the padding index)."""
   name = "roberta"
   hf_model_type = "roberta"
@@ -43,7 +43,7 @@ class RobertaFamily(_Checked, EncoderOnlyFamily):
 
 
 @register
-class AlbertFamily(_Checked, EncoderOnlyFamily):
+class AlbertFamily(ArchitectureChecked, EncoderOnlyFamily):
   """ALBERT (HF AlbertForPreTraining: factorized embeddings, shared layers, SOP head)."""
   name = "albert"
   hf_model_type = "albert"
@@ -51,7 +51,7 @@ class AlbertFamily(_Checked, EncoderOnlyFamily):
 
 
 @register
-class Gpt2Family(_Checked, DecoderOnlyFamily):
+class Gpt2Family(ArchitectureChecked, DecoderOnlyFamily):
   """GPT-2 (HF GPT2LMHeadModel: learned positions, LayerNorm with bias, tanh GELU, tied)."""
   name = "gpt2"
   hf_model_type = "gpt2"
@@ -59,7 +59,7 @@ class Gpt2Family(_Checked, DecoderOnlyFamily):
 
 
 @register
-class LlamaFamily(_Checked, DecoderOnlyFamily):
+class LlamaFamily(ArchitectureChecked, DecoderOnlyFamily):
   """LLaMA-style decoders (HF LlamaForCausalLM: RoPE, SwiGLU, RMSNorm, grouped-query)."""
   name = "llama"
   hf_model_type = "llama"

@@ -156,6 +156,18 @@ class ModelConfig:
   norm head, then the tied output projection); needs span-masked batches."""
   max_span_length: int = 10
   """Longest masked span the span boundary objective has a position embedding for."""
+  replaced_token_detection: bool = False
+  """Encoder-only pretraining: ELECTRA's discriminator head (dense, the config's activation,
+  dense to one logit per token: replaced or original) in place of the MLM head."""
+  generator_hidden_fraction: float = 0.0
+  """ELECTRA pretraining (family 'electra', replaced_token_detection): a generator MLM of this
+  fraction of d_model (ELECTRA: 1/4 small and large, 1/3 base) trains beside the
+  discriminator, sharing its embeddings. 0: the discriminator alone (as imported from HF)."""
+  discriminator_loss_weight: float = 50.0
+  """ELECTRA: loss = generator MLM loss + this x the discriminator's loss (the paper's 50)."""
+  classifier_activation: str = "tanh"
+  """Activation of an encoder's first-token classification head without a pooler (RoBERTa's
+  head: 'tanh'; ELECTRA's: 'gelu_exact')."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -224,6 +236,34 @@ class ModelConfig:
     if self.span_boundary_objective and (self.architecture != "encoder_only" or self.head):
       raise ConfigError("ModelConfig.span_boundary_objective is an encoder-only pretraining "
                         "objective (head='')")
+    if self.classifier_activation not in ("tanh",) + ACTIVATIONS:
+      raise ConfigError(f"ModelConfig.classifier_activation={self.classifier_activation!r} is "
+                        f"not one of {('tanh',) + ACTIVATIONS}")
+    self._check_electra_options()
+
+  def _check_electra_options(self):
+    fraction = self.generator_hidden_fraction
+    if not (math.isfinite(fraction) and fraction >= 0):
+      raise ConfigError(f"ModelConfig.generator_hidden_fraction must be >= 0, got {fraction}")
+    if not (math.isfinite(self.discriminator_loss_weight) and self.discriminator_loss_weight >= 0):
+      raise ConfigError(f"ModelConfig.discriminator_loss_weight must be >= 0, got "
+                        f"{self.discriminator_loss_weight}")
+    if self.replaced_token_detection:
+      clash = [f for f in ("head", "pooler", "sentence_classes", "span_boundary_objective")
+               if getattr(self, f)]
+      if self.architecture != "encoder_only" or clash:
+        unset = ", ".join(clash) if clash else "architecture='encoder_only'"
+        raise ConfigError("ModelConfig.replaced_token_detection is ELECTRA's encoder-only "
+                          f"pretraining head, which replaces the others: fix {unset}")
+    if fraction and not self.replaced_token_detection:
+      raise ConfigError(f"ModelConfig.generator_hidden_fraction={fraction}: the generator "
+                        "trains beside ELECTRA's discriminator; set replaced_token_detection=True")
+    generator = round(self.d_model * fraction)
+    if fraction and not 1 <= generator <= self.d_model:
+      raise ConfigError(f"the ELECTRA generator's hidden size {generator} "
+                        f"(generator_hidden_fraction={fraction} x d_model={self.d_model}) must "
+                        f"be between 1 and the discriminator's hidden size {self.d_model}: a "
+                        "generator larger than the discriminator makes detection too hard")
 
   @property
   def loss_problem_type(self) -> str:

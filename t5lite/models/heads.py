@@ -62,9 +62,12 @@ class EncoderHead(nn.Module):
     # sequence_classification
     if pooled is not None:
       return self._dense(cfg.num_labels, "classifier")(self._drop(pooled)).astype(jnp.float32)
-    # RoBERTa's head: dropout, dense, tanh, dropout, out projection on the first token.
+    # RoBERTa's head: dropout, dense, tanh, dropout, out projection on the first token
+    # (ELECTRA's: GELU for tanh).
     x = self._drop(states[:, 0])
-    x = jnp.tanh(self._dense(cfg.d_model, "dense", ("embed", "mlp"))(x))
+    act = (jnp.tanh if cfg.classifier_activation == "tanh"
+           else ACTIVATION_FNS[cfg.classifier_activation])
+    x = act(self._dense(cfg.d_model, "dense", ("embed", "mlp"))(x))
     return self._dense(cfg.num_labels, "classifier")(self._drop(x)).astype(jnp.float32)
 
 
@@ -88,6 +91,22 @@ class DecoderClassifier(nn.Module):
     score = dense(cfg, (cfg.d_model,), (cfg.num_labels,), ("embed", "classes"),
                   cfg.d_model ** -0.5, "score", use_bias=False)
     return score(x).astype(jnp.float32)  # (B, C)
+
+
+class ReplacedTokenHead(nn.Module):
+  """ELECTRA's discriminator head (HF ElectraDiscriminatorPredictions): dense, the config's
+  activation, dense to one float32 logit per token, > 0 meaning "replaced". (B, L, D) -> (B, L)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, states: jax.Array) -> jax.Array:
+    cfg = self.config
+    d = cfg.d_model
+    x = dense(cfg, (d,), (d,), ("embed", "mlp"), d ** -0.5, "dense", use_bias=True)(states)
+    x = ACTIVATION_FNS[cfg.mlp_activation](x)
+    logit = dense(cfg, (d,), (1,), ("mlp", None), d ** -0.5, "dense_prediction",
+                  use_bias=True)(x)
+    return logit[..., 0].astype(jnp.float32)
 
 
 class SpanBoundaryHead(nn.Module):

@@ -27,7 +27,8 @@ def eval_tasks(name: str, split: str) -> list:
 
 
 def evaluate(trainer, params: Tree) -> dict[str, float]:
-  """Mean token loss and accuracy on each task's eval split: eval/<task>/{loss,accuracy}."""
+  """Mean token loss and accuracy on each task's eval split, eval/<task>/{loss,
+  token_accuracy}, and the family's other metrics over the split (eval/<task>/<metric>)."""
   config = trainer.config
   out = {}
   for task in eval_tasks(config.mixture_or_task_name, config.eval_split):
@@ -37,11 +38,11 @@ def evaluate(trainer, params: Tree) -> dict[str, float]:
     except ValueError as e:  # e.g. a split smaller than the batch
       print(f"t5lite: eval of {task.name!r} skipped: {e}", flush=True)
       continue
-    totals = {"loss": 0.0, "weight_sum": 0.0, "correct": 0.0}
+    totals = {}
     count = 0
     for count, host_batch in enumerate(same_count_of_batches(batches, config.eval_steps), 1):
       sums = jax.device_get(trainer.eval_fn(params, part.global_batch(host_batch, trainer.mesh)))
-      totals = {k: totals[k] + float(sums[k]) for k in totals}
+      totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
     if not count:  # no figure rather than a loss of 0
       if jax.process_index() == 0:
         print(f"t5lite: eval of {task.name!r} skipped: no {config.eval_split} rows on some "
@@ -50,6 +51,11 @@ def evaluate(trainer, params: Tree) -> dict[str, float]:
     weight = max(totals["weight_sum"], 1e-8)
     out[f"eval/{task.name}/loss"] = totals["loss"] / weight
     out[f"eval/{task.name}/token_accuracy"] = totals["correct"] / weight
+    # The family's own figures over the whole split (ELECTRA's discriminator accuracy,
+    # BERT's next-sentence accuracy, ...), from the same summed batches.
+    extra = trainer.family.metrics(totals, max(totals.get("normalizer", weight), 1e-8))
+    out.update({f"eval/{task.name}/{k}": float(v) for k, v in extra.items()
+                if k not in ("z_loss", "weight_sum", "accuracy", "loss")})
   return out
 
 
