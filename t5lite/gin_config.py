@@ -21,6 +21,7 @@ from t5lite.data.checks import check_feature_lengths, require_int
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.eval.run import EvalConfig, InferConfig
+from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.runtime.partitioning import MeshConfig
@@ -33,7 +34,8 @@ REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
 # Registered by name (e.g. `ModelConfig`, or `t5lite.ModelConfig`); the classes stay gin-free.
 CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
-                 MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig)
+                 MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig,
+                 DistillationConfig)
 for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 

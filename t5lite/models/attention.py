@@ -80,6 +80,11 @@ def mask_to_bias(mask: jax.Array) -> jax.Array:
   return jnp.where(mask, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
 
 
+INTERMEDIATES = "intermediates"
+"""The variable collection that holds what a model sows for distillation (hidden states,
+attention scores); apply(..., mutable=[INTERMEDIATES]) fills it, otherwise sowing is free."""
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention from x_q over x_kv with an additive float32 bias (B|1, H|1, Q, K).
 
@@ -142,6 +147,8 @@ class MultiHeadAttention(nn.Module):
       key, value = (jnp.repeat(t, h // kvh, axis=2) for t in (key, value))
 
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
+    # Distillation (TinyBERT) reads the pre-softmax scores; a no-op unless asked for.
+    self.sow(INTERMEDIATES, "attention_scores", logits)
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
     out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)

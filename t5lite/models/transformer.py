@@ -16,8 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.attention import (MultiHeadAttention, cache_mask, causal_mask, mask_to_bias,
-                                     prefix_lm_mask, segment_mask)
+from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_mask, causal_mask,
+                                     mask_to_bias, prefix_lm_mask, segment_mask)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
@@ -60,6 +60,7 @@ class EncoderLayer(nn.Module):
                  "attention_layer_norm")
     x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+    self.sow(INTERMEDIATES, "hidden_states", x)  # for distillation; free unless asked for
     return x, None  # (carry, per-layer output) as nn.scan expects
 
 
@@ -87,6 +88,7 @@ class DecoderLayer(nn.Module):
                  "cross_attention_layer_norm")
     x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+    self.sow(INTERMEDIATES, "hidden_states", x)
     return x, None
 
 
@@ -108,7 +110,7 @@ def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool
   if cfg.shared_layer_groups:
     return run_shared_layers(layer_cls, cfg, deterministic, num_layers, x, *args)
   if cfg.scan_layers:
-    scanned = nn.scan(layer_cls, variable_axes={"params": 0},
+    scanned = nn.scan(layer_cls, variable_axes={"params": 0, INTERMEDIATES: 0},
                       split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                       length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
     x, _ = scanned(cfg, deterministic, name="layers")(x, *args)
@@ -169,6 +171,7 @@ class _Stack(nn.Module):
       e = cfg.embedding_width
       x = dense(cfg, (e,), (cfg.d_model,), (None, "embed"), e ** -0.5,
                 "embedding_projection")(x)
+    self.sow(INTERMEDIATES, "embedding_output", x)
     return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
   def finish(self, x, norm_name):

@@ -70,7 +70,7 @@ def saved_param_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 
 def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
-                   subset: bool = False) -> tuple[Tree, int]:
+                   subset: bool = False, ignore: tuple[str, ...] = ()) -> tuple[Tree, int]:
   """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
   shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
 
@@ -79,7 +79,9 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
   finite: CorruptCheckpointError otherwise. Nothing is written, so a damaged step stays where
   it is. Raises ConfigError naming every parameter whose shape or presence differs (e.g.
   another vocabulary size). subset: abstract_params may leave out params the checkpoint has
-  (t5lite.train.warm_start reads a pretrained model's backbone this way).
+  (t5lite.train.warm_start reads a pretrained model's backbone this way). ignore: top-level
+  params the checkpoint may hold beside the model's, left unread (a distillation run's
+  trained projection).
   """
   state_dir, step = _step_state_dir(path)
   step_dir = os.path.dirname(state_dir)
@@ -107,8 +109,9 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
               if k in saved_shapes and saved_shapes[k] != v]
   problems += [f"{k}: missing from the checkpoint" for k in wanted_shapes if k not in saved_shapes]
   if not subset:  # subset: abstract_params asks for some of the checkpoint's params
+    ignored = tuple(f"[{name!r}]" for name in ignore)
     problems += [f"{k}: in the checkpoint, not in the model" for k in saved_shapes
-                 if k not in wanted_shapes]
+                 if k not in wanted_shapes and not k.startswith(ignored)]
   if problems:
     more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
     raise ConfigError(

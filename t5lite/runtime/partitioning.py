@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.errors import ConfigError
-from t5lite.families import family_of
+from t5lite.families import Family, family_of
 from t5lite.models.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -157,14 +157,15 @@ def _axis_size(mesh: Mesh, entry: str | tuple[str, ...] | None) -> int:
   return math.prod(mesh.shape[n] for n in names)
 
 
-def param_shardings(model_config: ModelConfig, mesh: Mesh, rules: LogicalRules) -> Tree:
-  """Params tree of NamedShardings: the model's logical axis names mapped through the rules.
+def param_shardings(model_config: ModelConfig | Family, mesh: Mesh, rules: LogicalRules) -> Tree:
+  """Params tree of NamedShardings: the model's logical axis names mapped through the rules
+  (of a ModelConfig's family, or of a family object such as a distillation recipe).
 
   Raises ValueError listing every parameter dimension that the mesh cannot split evenly
   (e.g. 6 heads over tensor=4): jit refuses uneven output shardings, and a named list is
   easier to act on than XLA's message about one array.
   """
-  family = family_of(model_config)
+  family = model_config if isinstance(model_config, Family) else family_of(model_config)
   logical_tree = family.param_logical_axes()
   shardings = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
   logical = jax.tree_util.tree_leaves(logical_tree, is_leaf=lambda x: isinstance(x, P))

@@ -109,14 +109,15 @@ def _split(batch: Batch, microbatches: int) -> Batch:
 
 def train_step(state: TrainState, batch: Batch, *, family: Family,
                optimizer: optax.GradientTransformation, step_config: StepConfig = StepConfig(),
-               seed: int = 0, frozen: jax.Array | None = None
+               seed: int = 0, frozen: jax.Array | None = None, fixed_params=None
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on `batch`; returns (new state, metrics).
 
   seed: the dropout rng of a step is fold_in(key(seed), state.step), so it depends only on the
   seed and the saved step (reproducible across restarts). frozen (bool scalar): when True the
   update is not applied and the step does not advance, whatever the loss (see 'stop' in the
-  module docstring).
+  module docstring). fixed_params: what Family.fixed_params gave (a distillation teacher),
+  passed to the loss and never differentiated.
 
   metrics (scalars): loss (z-loss included, normalized as configured), grad_norm (global L2
   norm of the normalized gradients), nonfinite (bool), and the family's own figures
@@ -124,7 +125,8 @@ def train_step(state: TrainState, batch: Batch, *, family: Family,
   caller's to log (optimizers.learning_rate_at).
   """
   rng = jax.random.fold_in(jax.random.key(seed), state.step)
-  value_and_grad = jax.value_and_grad(family.loss_fn, has_aux=True)
+  loss_fn = _loss_fn(family, fixed_params)
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
   m = step_config.microbatches
   if m == 1:
     (loss_sum, sums), grads = value_and_grad(state.params, batch, rng)
@@ -137,7 +139,7 @@ def train_step(state: TrainState, batch: Batch, *, family: Family,
 
     micro_batches = _split(batch, m)
     first = jax.tree.map(lambda x: x[0], micro_batches)
-    sums_shape = jax.eval_shape(family.loss_fn, state.params, first, rng)[1]
+    sums_shape = jax.eval_shape(loss_fn, state.params, first, rng)[1]
     init = (jnp.zeros((), jnp.float32), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                                                       sums_shape),
             jax.tree.map(jnp.zeros_like, state.params))
@@ -170,7 +172,16 @@ def train_step(state: TrainState, batch: Batch, *, family: Family,
   return new_state, metrics
 
 
-def eval_step(params, batch: Batch, *, family: Family) -> dict[str, jax.Array]:
+def _loss_fn(family: Family, fixed_params):
+  """family.loss_fn, with the family's fixed params (a teacher) bound when it has them."""
+  if fixed_params is None:
+    return family.loss_fn
+  return lambda params, batch, rng: family.loss_fn(params, batch, rng,
+                                                   fixed_params=fixed_params)
+
+
+def eval_step(params, batch: Batch, fixed_params=None, *, family: Family
+              ) -> dict[str, jax.Array]:
   """Sums over one evaluation batch, without dropout: loss (the weighted loss sum, not
   normalized) and the family's metric sums (weight_sum: real target tokens, correct: weighted
   argmax hits, ...).
@@ -179,7 +190,7 @@ def eval_step(params, batch: Batch, *, family: Family) -> dict[str, jax.Array]:
   sum(weight_sum) and its token accuracy sum(correct) / sum(weight_sum), whatever the
   batches' padding.
   """
-  loss_sum, sums = family.loss_fn(params, batch, None)
+  loss_sum, sums = _loss_fn(family, fixed_params)(params, batch, None)
   return {"loss": loss_sum, **sums}
 
 
@@ -199,8 +210,9 @@ def new_window() -> dict[str, np.ndarray]:
           "nonfinite_steps": count(), "first_nonfinite": count(-1)}
 
 
-def windowed_train_step(state: TrainState, window: dict[str, jax.Array], batch: Batch, *,
-                        family: Family, optimizer: optax.GradientTransformation,
+def windowed_train_step(state: TrainState, window: dict[str, jax.Array], batch: Batch,
+                        fixed_params=None, *, family: Family,
+                        optimizer: optax.GradientTransformation,
                         step_config: StepConfig = StepConfig(), seed: int = 0
                         ) -> tuple[TrainState, dict[str, jax.Array], dict[str, jax.Array]]:
   """train_step, then the step's metrics added into `window`; returns (state, window, the
@@ -209,7 +221,8 @@ def windowed_train_step(state: TrainState, window: dict[str, jax.Array], batch: 
   frozen = window["first_nonfinite"] >= 0 if step_config.nonfinite == "stop" else None
   number = state.step + 1  # this step's number (before 'stop' freezes the counter)
   state, metrics = train_step(state, batch, family=family, optimizer=optimizer,
-                              step_config=step_config, seed=seed, frozen=frozen)
+                              step_config=step_config, seed=seed, frozen=frozen,
+                              fixed_params=fixed_params)
   bad = metrics["nonfinite"]
   window = {
       "steps": window["steps"] + 1,

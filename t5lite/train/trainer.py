@@ -55,6 +55,8 @@ from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.families import family_of
+from t5lite.families import distillation as distillation_lib
+from t5lite.families.distillation import Distillation, DistillationConfig
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import checkpoint_reader
@@ -132,6 +134,8 @@ class TrainConfig:
   lease_timeout_s: float = 600.0
   """A run holds MODEL_DIR's lease (t5lite/runtime/lease.py) and renews it every tenth of
   this; a lease not renewed for this long (its holder on another host died) is taken over."""
+  distillation: DistillationConfig | None = None
+  """Train the model as a student of a frozen teacher (t5lite.families.distillation)."""
 
   def __post_init__(self):
     # Floats, bools and strings pass `< 1`: TRAIN_STEPS=10.5 trained to step 11.
@@ -172,12 +176,37 @@ def check_heads(model_config: ModelConfig, tasks) -> None:
                         f"{task.num_labels}")
 
 
+class WithFixed:
+  """A jitted fn whose last argument is a family's fixed params (a teacher), bound: called,
+  lowered and compiled as if it took the others only (the loop compiles the step once)."""
+
+  def __init__(self, fn, fixed_params):
+    self.fn, self.fixed_params = fn, fixed_params
+
+  def __call__(self, *args):
+    return self.fn(*args, self.fixed_params)
+
+  def lower(self, *args):
+    return _Lowered(self.fn.lower(*args, self.fixed_params), self.fixed_params)
+
+
+class _Lowered:
+  def __init__(self, lowered, fixed_params):
+    self.lowered, self.fixed_params = lowered, fixed_params
+
+  def compile(self):
+    compiled = self.lowered.compile()
+    return lambda *args: compiled(*args, self.fixed_params)
+
+
 class Trainer:
   """The pieces of one run that stay fixed while it trains (see `train`)."""
 
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.family = family_of(model_config, config.step.loss_options())
+    if config.distillation is not None:
+      self.family = Distillation.wrap(self.family, config.distillation)
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
@@ -189,7 +218,7 @@ class Trainer:
     self.optimizer = trainable_only(
         make_optimizer(config.optimizer, self.family.param_logical_axes()),
         self.family.trainable_mask(params))
-    self.param_shardings = part.param_shardings(model_config, self.mesh, self.rules)
+    self.param_shardings = part.param_shardings(self.family, self.mesh, self.rules)
     abstract_state = jax.eval_shape(functools.partial(TrainState.create,
                                                       optimizer=self.optimizer), params)
     self.state_shardings = TrainState(
@@ -201,14 +230,19 @@ class Trainer:
     self.abstract_params = part.abstract_sharded(params, self.param_shardings)
     self.replicated = NamedSharding(self.mesh, P())
     batch_sharding = part.batch_sharding(self.mesh)
-    self.step_fn = jax.jit(
+    # A teacher (Family.fixed_params): an argument of every step, never donated or saved.
+    self.fixed_params = self.family.fixed_params(self.mesh, self.rules)
+    fixed = jax.tree.map(lambda x: x.sharding, self.fixed_params)
+    step_fn = jax.jit(
         functools.partial(windowed_train_step, family=self.family, optimizer=self.optimizer,
                           step_config=config.step, seed=config.seed),
-        in_shardings=(self.state_shardings, self.replicated, batch_sharding),
+        in_shardings=(self.state_shardings, self.replicated, batch_sharding, fixed),
         out_shardings=(self.state_shardings, self.replicated, self.replicated),
         donate_argnums=(0, 1))
-    self.eval_fn = jax.jit(functools.partial(eval_step, family=self.family),
-                           in_shardings=(self.param_shardings, batch_sharding))
+    eval_fn = jax.jit(functools.partial(eval_step, family=self.family),
+                      in_shardings=(self.param_shardings, batch_sharding, fixed))
+    self.step_fn = WithFixed(step_fn, self.fixed_params)
+    self.eval_fn = WithFixed(eval_fn, self.fixed_params)
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -376,12 +410,23 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   # a collective), before anything is written there.
   model_dir_lib.check_compatible(config.model_dir, model_config)
   model_dir_lib.check_vocabulary(config.model_dir, vocabulary)
+  record = trainer.family.run_record(trainer.fixed_params)
+  if record is not None:  # a distillation teacher: the one MODEL_DIR's run learnt from
+    distillation_lib.check_record(config.model_dir, record)
+    teacher = os.path.expanduser(config.distillation.teacher)
+    try:
+      teacher = model_dir_lib.model_dir_of(teacher)
+    except FileNotFoundError:
+      pass  # an HF directory
+    model_dir_lib.check_vocabulary(teacher, vocabulary, "the teacher")
   if not trainer.is_primary:
     log = _silent  # one progress line per job, from process 0
 
   def prepare() -> None:  # once the run is sure to go on
     if trainer.is_primary:
       model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
+      if record is not None:
+        distillation_lib.write_record(config.model_dir, record)
 
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
   with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm, \

@@ -1,0 +1,430 @@
+"""Knowledge distillation: a student trains against a frozen teacher beside it.
+
+    TrainConfig.distillation = @DistillationConfig()
+    DistillationConfig.teacher = '/runs/bert_base'      # a t5lite MODEL_DIR or an HF directory
+    DistillationConfig.soft_weight = 5.0                  # DistilBERT's recipe (DISTILBERT)
+    DistillationConfig.hard_weight = 2.0
+    DistillationConfig.cosine_weight = 1.0
+    DistillationConfig.temperature = 2.0
+
+The student is the run's model (MODEL_CONFIG), of any family; the run's MODEL_DIR is a plain
+student MODEL_DIR (eval, infer and export read it as any other). The teacher is loaded by the
+trainer, sharded by the same rules as the student, optionally cast to bfloat16, and passed to
+the step beside the train state: no gradient, no optimizer state, never checkpointed or
+donated, so its params are bitwise the same after training. MODEL_DIR/distillation.json
+records the teacher (path, config, a fingerprint of its params); a resumed run with another
+teacher is refused.
+
+The loss, each term a mean over its positions (distillation_losses), weighted:
+
+    hard_weight      x the student family's own loss (MLM, LM, a head's)
+  + soft_weight      x T^2 KL(softmax(teacher / T) || softmax(student / T)) over the output
+                       classes (vocabulary or labels), at every real position (or only those
+                       the hard loss scores: restrict_soft_to_targets)
+  + cosine_weight    x (1 - cos) between the last layers' hidden states (DistilBERT; equal widths)
+  + hidden_weight    x sum over student layers m of MSE(H_S^m W + b, H_T^g(m)) (TinyBERT)
+  + attention_weight x sum over m of MSE of the pre-softmax attention scores (equal heads)
+  + embedding_weight x MSE(E_S W + b, E_T) of the embedding layers' outputs
+
+W (d_student x d_teacher, TinyBERT's fit_dense, one for every layer) is trained with the
+student, in params['distillation'], only when a hidden or embedding term is on and the widths
+differ; exports and `load_params` leave it out. g(m) = m N / M. The intermediate terms read
+one stack: encoder-only or decoder-only models (unshared layers); an encoder-decoder distils
+through its outputs (soft, hard) or sequence-level (t5lite.data.sequence_distillation).
+
+Deviations: TinyBERT's attention MSE averages over query and key positions that are both
+real (its code zeroes masked keys, keeps padded queries); the per-layer MSEs are summed, as
+TinyBERT's code sums them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.errors import ConfigError
+from t5lite.families import distillation_losses as dl
+from t5lite.families.base import Family
+from t5lite.families.registry import family_of
+from t5lite.models.attention import INTERMEDIATES
+from t5lite.models.config import ModelConfig
+
+Tree = Any
+PROJECTION = "distillation"
+"""The params key of the trained W (TinyBERT's fit_dense): not part of the student."""
+RECORD_FILE = "distillation.json"
+
+DISTILBERT = dict(temperature=2.0, soft_weight=5.0, hard_weight=2.0, cosine_weight=1.0)
+"""DistilBERT's published recipe (HF's distillation example's command for it)."""
+TINYBERT_GENERAL = dict(soft_weight=0.0, hidden_weight=1.0, attention_weight=1.0,
+                        embedding_weight=1.0)
+"""TinyBERT's first stage (general, and task-specific intermediate-layer distillation)."""
+TINYBERT_PREDICTION = dict(soft_weight=1.0, temperature=1.0)
+"""TinyBERT's prediction-layer stage (task-specific, after the intermediate one)."""
+WEIGHTS = ("soft_weight", "hard_weight", "cosine_weight", "hidden_weight", "attention_weight",
+           "embedding_weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationConfig:
+  """A distillation run's teacher and loss weights (module docstring); gin binds it as
+  TrainConfig.distillation = @DistillationConfig()."""
+
+  teacher: str = ""
+  """The teacher: a t5lite MODEL_DIR (its newest checkpoint) or an HF model directory."""
+  teacher_dtype: str = ""
+  """'bfloat16' runs and stores the teacher in bf16 (half its memory); '' keeps its own."""
+  temperature: float = 2.0
+  soft_weight: float = 1.0
+  hard_weight: float = 0.0
+  cosine_weight: float = 0.0
+  hidden_weight: float = 0.0
+  attention_weight: float = 0.0
+  embedding_weight: float = 0.0
+  restrict_soft_to_targets: bool = False
+  """The soft loss only where the hard loss scores (an MLM's masked tokens); else at every
+  real position, as DistilBERT (restrict_ce_to_mask=False)."""
+
+  def __post_init__(self):
+    if not self.teacher:
+      raise ConfigError("DistillationConfig.teacher is not set: name the teacher's MODEL_DIR "
+                        "or HF directory")
+    if self.teacher_dtype not in ("", "float32", "bfloat16"):
+      raise ConfigError(f"DistillationConfig.teacher_dtype={self.teacher_dtype!r} is not one of "
+                        "'', 'float32', 'bfloat16'")
+    if not (math.isfinite(self.temperature) and self.temperature > 0):
+      raise ConfigError(f"DistillationConfig.temperature must be > 0, got {self.temperature}")
+    for name in WEIGHTS:
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"DistillationConfig.{name} must be >= 0, got {value}")
+    if not any(getattr(self, name) for name in WEIGHTS):
+      raise ConfigError(f"DistillationConfig: every weight is 0 ({', '.join(WEIGHTS)}); set one")
+
+  @property
+  def intermediate(self) -> bool:
+    """Any term that reads hidden states or attention scores."""
+    return bool(self.cosine_weight or self.hidden_weight or self.attention_weight
+                or self.embedding_weight)
+
+
+# --- the teacher ------------------------------------------------------------------------------
+
+def teacher_config(options: DistillationConfig) -> ModelConfig:
+  """The teacher's ModelConfig, from its MODEL_DIR's model_config.json or its HF config.json."""
+  from t5lite.export import hf, limits
+  from t5lite.runtime import model_dir
+  path = os.path.expanduser(options.teacher)
+  try:
+    config = model_dir.load_model_config(model_dir.model_dir_of(path))
+  except FileNotFoundError:
+    hf_file = limits.file_inside(path, "config.json")
+    if hf_file is None or not os.path.isfile(hf_file):
+      raise ConfigError(f"DistillationConfig.teacher={options.teacher!r} is neither a t5lite "
+                        "MODEL_DIR nor an HF model directory (no model_config.json, no "
+                        "config.json)") from None
+    config = hf.config_from_hf(limits.read_json(hf_file))
+  if options.teacher_dtype:
+    config = config.replace(dtype=options.teacher_dtype, param_dtype=options.teacher_dtype)
+  return config
+
+
+def load_teacher(options: DistillationConfig, config: ModelConfig, mesh, rules) -> Tree:
+  """The teacher's params, placed as the partitioning rules shard its family's params."""
+  from t5lite.export import hf
+  from t5lite.runtime import model_dir, partitioning
+  path = os.path.expanduser(options.teacher)
+  try:
+    model_dir.model_dir_of(path)
+    _, params, _ = model_dir.load_params(path, mesh, rules)
+  except FileNotFoundError:
+    _, params = hf.load_hf(path)
+  shardings = partitioning.param_shardings(config, mesh, rules)
+  dtype = config.storage_dtype
+  return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
+                 out_shardings=shardings)(params)
+
+
+def fingerprint(params: Tree) -> str:
+  """A short hash of a params tree's values (float64 sums of each leaf and its squares)."""
+  sums = [f"{float(jnp.sum(x.astype(jnp.float32))):.9e},{float(jnp.sum(jnp.square(x.astype(jnp.float32)))):.9e}"
+          for x in jax.tree.leaves(params)]
+  return hashlib.sha256(";".join(sums).encode()).hexdigest()[:16]
+
+
+# --- the recipe ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Distillation(Family):
+  """The student's family with the teacher's loss terms; see the module docstring."""
+
+  student: Family | None = None
+  teacher: Family | None = None
+  options: DistillationConfig | None = None
+  name: ClassVar[str] = "distillation"
+
+  @classmethod
+  def wrap(cls, student: Family, options: DistillationConfig) -> "Distillation":
+    """The recipe around a student family; checks that the teacher fits it."""
+    teacher = family_of(teacher_config(options))
+    s, t = student.config, teacher.config
+    if s.vocab_size != t.vocab_size:
+      raise ConfigError(f"the teacher's vocab_size={t.vocab_size} differs from the student's "
+                        f"vocab_size={s.vocab_size}: distillation compares their outputs token "
+                        "by token, so both need the task's vocabulary")
+    if (s.architecture, s.head, s.num_labels) != (t.architecture, t.head, t.num_labels):
+      raise ConfigError(f"the teacher ({t.architecture}, head={t.head!r}, num_labels="
+                        f"{t.num_labels}) and the student ({s.architecture}, head={s.head!r}, "
+                        f"num_labels={s.num_labels}) predict different things")
+    if s.head == "question_answering" or (s.head and s.loss_problem_type != (
+        "single_label_classification")):
+      raise ConfigError(f"distillation softens a softmax over classes; head={s.head!r} with "
+                        f"problem_type={s.loss_problem_type!r} has none to soften")
+    if options.intermediate:
+      _check_intermediate(s, t, options)
+    return cls(student.config, student.loss, student=student, teacher=teacher, options=options)
+
+  # The student's: data, network, decoding, export.
+  target_features = property(lambda self: self.student.target_features)
+  token_features = property(lambda self: self.student.token_features)
+  decodes = property(lambda self: self.student.decodes)
+  continues_prompts = property(lambda self: self.student.continues_prompts)
+  hf_model_type = property(lambda self: self.student.hf_model_type)
+
+  def converter(self, pack=True):
+    return self.student.converter(pack)
+
+  def pretraining_preprocessors(self, vocabulary):
+    return self.student.pretraining_preprocessors(vocabulary)
+
+  def make_model(self, **kwargs):
+    return self.student.make_model(**kwargs)
+
+  def dummy_inputs(self):
+    return self.student.dummy_inputs()
+
+  def model_inputs(self, batch):
+    return self.student.model_inputs(batch)
+
+  @property
+  def projects(self) -> bool:
+    """Whether a trained W maps the student's width to the teacher's."""
+    o = self.options
+    return bool(o.hidden_weight or o.embedding_weight) and (
+        self.config.d_model != self.teacher.config.d_model)
+
+  def _boxed_params(self, rng):
+    params = self.student._boxed_params(rng)
+    if not self.projects:
+      return params
+    ds, dt = self.config.d_model, self.teacher.config.d_model
+    fit = nn.Dense(dt, kernel_init=nn.with_logical_partitioning(
+        nn.initializers.normal(0.02), (None, None)), bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, (None,)), param_dtype=self.config.storage_dtype)
+    boxed = fit.init(jax.random.fold_in(rng, 1), jnp.zeros((1, ds)))["params"]
+    return {**params, PROJECTION: {"fit_dense": boxed}}
+
+  def networks(self, params):
+    return self.student.networks(student_params(params))
+
+  def logits(self, params, batch, rng=None):
+    return self.student.logits(student_params(params), batch, rng)
+
+  def generate(self, params, inputs, **settings):
+    return self.student.generate(student_params(params), inputs, **settings)
+
+  def score(self, params, inputs, targets):
+    return self.student.score(student_params(params), inputs, targets)
+
+  def tokens_per_example(self, lengths):
+    return self.student.tokens_per_example(lengths)
+
+  def flops_per_example(self, lengths):
+    """The student's training FLOPs plus the teacher's forward pass (a third of its own)."""
+    return (self.student.flops_per_example(lengths)
+            + self.teacher.flops_per_example(lengths) / 3)
+
+  # --- the teacher and the loss --------------------------------------------------------------
+
+  def fixed_params(self, mesh, rules) -> Tree:
+    return load_teacher(self.options, self.teacher.config, mesh, rules)
+
+  def run_record(self, fixed_params) -> dict:
+    return {"teacher": os.path.abspath(os.path.expanduser(self.options.teacher)),
+            "teacher_config": self.teacher.config.to_dict(),
+            "teacher_fingerprint": fingerprint(fixed_params)}
+
+  def loss_fn(self, params, batch, rng, fixed_params=None):
+    """(weighted loss sum, sums): the hard loss's sums (its normalizer) plus each term's mean
+    times that normalizer, so that the step's division leaves the weighted means."""
+    if fixed_params is None:
+      raise ValueError("a distillation loss needs the teacher's params (fixed_params): the "
+                       "trainer passes them; so must a caller of loss_fn")
+    o = self.options
+    student = student_params(params)
+    hard_sum, sums = self.student.loss_fn(student, batch, rng)
+    s_logits, s_states = _run(self.student, student, batch, rng)
+    t_logits, t_states = jax.lax.stop_gradient(_run(self.teacher, fixed_params, batch, None))
+    positions = self._positions(batch, s_logits)
+    terms = {"soft": dl.soft_cross_entropy(s_logits, t_logits, positions, o.temperature)}
+    if o.intermediate:
+      terms.update(self._intermediate_terms(params, s_states, t_states, batch))
+    loss_sum = o.hard_weight * hard_sum
+    normalizer = sums["normalizer"]
+    for name, (total, count) in terms.items():
+      weight = getattr(o, f"{name}_weight")
+      loss_sum = loss_sum + weight * normalizer * total / jnp.maximum(count, 1.0)
+      sums = dict(sums, **{f"distill_{name}": total, f"distill_{name}_count": count})
+    return loss_sum, dict(sums, distill_hard=hard_sum)
+
+  def _positions(self, batch, logits):
+    """Where the soft loss applies: (B, ...) like logits without their class axis."""
+    _, weight_key, segment_key = self.student.target_features
+    if logits.ndim == 2:  # a sequence classifier: its real rows
+      return _real_rows(batch)
+    if self.options.restrict_soft_to_targets or segment_key not in batch:
+      return batch[weight_key] > 0
+    return batch[segment_key] > 0
+
+  def _intermediate_terms(self, params, s_states, t_states, batch):
+    o, s_config = self.options, self.config
+    stack = "encoder" if s_config.architecture == "encoder_only" else "decoder"
+    key = "encoder_segment_ids" if stack == "encoder" else "decoder_segment_ids"
+    inputs = "encoder_input_tokens" if stack == "encoder" else "decoder_input_tokens"
+    real = batch[key] > 0 if key in batch else batch[inputs] > 0  # (B, L)
+    fit = (lambda x: x) if not self.projects else functools.partial(
+        _fit, params[PROJECTION]["fit_dense"])
+    student_layers = layers_of(s_states[stack], s_config, "hidden_states")
+    teacher_layers = layers_of(t_states[stack], self.teacher.config, "hidden_states")
+    mapping = dl.layer_map(len(student_layers), len(teacher_layers))
+    terms = {}
+    if o.cosine_weight:
+      terms["cosine"] = dl.cosine_distance(student_layers[-1], teacher_layers[-1], real)
+    if o.hidden_weight:
+      total = count = 0.0
+      for m, g in enumerate(mapping):
+        t_total, t_count = dl.squared_error(fit(student_layers[m]), teacher_layers[g - 1], real)
+        # Summed over layers: each layer's MSE has the same count.
+        total, count = total + t_total, t_count * self.teacher.config.d_model
+      terms["hidden"] = (total, count)
+    if o.embedding_weight:
+      e_total, e_count = dl.squared_error(
+          fit(s_states[stack]["embedding_output"][0]),
+          t_states[stack]["embedding_output"][0], real)
+      terms["embedding"] = (e_total, e_count * self.teacher.config.d_model)
+    if o.attention_weight:
+      s_scores = layers_of(s_states[stack], s_config, "attention_scores")
+      t_scores = layers_of(t_states[stack], self.teacher.config, "attention_scores")
+      pairs = (real[:, None, :, None] & real[:, None, None, :])  # (B, 1, Q, K)
+      pairs = jnp.broadcast_to(pairs, s_scores[0].shape)
+      total = count = 0.0
+      for m, g in enumerate(mapping):
+        # Masked scores hold the mask's large negative value: zeroed before they are compared.
+        s, t = (jnp.where(pairs, x, 0.0)[..., None] for x in (s_scores[m], t_scores[g - 1]))
+        a_total, a_count = dl.squared_error(s, t, pairs)
+        total, count = total + a_total, a_count
+      terms["attention"] = (total, count)
+    return terms
+
+  def metrics(self, sums, normalizer):
+    out = self.student.metrics(sums, normalizer)
+    out["distill_hard_loss"] = sums["distill_hard"] / normalizer
+    for name in ("soft", "cosine", "hidden", "embedding", "attention"):
+      if f"distill_{name}" in sums:
+        out[f"distill_{name}_loss"] = (sums[f"distill_{name}"]
+                                       / jnp.maximum(sums[f"distill_{name}_count"], 1.0))
+    return out
+
+
+def student_params(params: Tree) -> Tree:
+  """A distillation run's params without the trained projection: the student's own."""
+  return {k: v for k, v in params.items() if k != PROJECTION}
+
+
+def _fit(fit_params, x):
+  return x @ fit_params["kernel"].astype(x.dtype) + fit_params["bias"].astype(x.dtype)
+
+
+def _real_rows(batch) -> jax.Array:
+  """(B,) rows with any real token (eval batches end in rows of padding)."""
+  for key in ("encoder_segment_ids", "decoder_segment_ids"):
+    if key in batch:
+      segments = batch[key]
+      return jnp.any(segments.reshape(segments.shape[0], -1) > 0, axis=-1)
+  tokens = batch.get("encoder_input_tokens", batch.get("decoder_input_tokens"))
+  return jnp.any(tokens.reshape(tokens.shape[0], -1) > 0, axis=-1)
+
+
+def _run(family: Family, params, batch, rng):
+  """(outputs, sown intermediates) of a family's network on a batch; rng None: no dropout."""
+  config = family.config
+  dropout = rng is not None and (config.dropout_rate > 0 or bool(config.classifier_dropout))
+  model = family.make_model(enable_dropout=dropout)
+  out, state = model.apply({"params": params}, **family.model_inputs(batch),
+                           rngs={"dropout": rng} if dropout else None, mutable=[INTERMEDIATES])
+  out = out[0] if isinstance(out, tuple) else out  # GPT-1's (classes, LM logits)
+  return out, state[INTERMEDIATES]
+
+
+def layers_of(stack: Tree, config: ModelConfig, name: str) -> list[jax.Array]:
+  """A stack's sown per-layer values in layer order: 'hidden_states' (B, L, D) or
+  'attention_scores' (B, H, Q, K), unscanned (layers_i) or scanned (stacked)."""
+  def value(layer):
+    return layer["attention"][name][0] if name == "attention_scores" else layer[name][0]
+  if "layers" in stack:  # scanned: stacked on a leading axis
+    stacked = value(stack["layers"])
+    return [stacked[i] for i in range(stacked.shape[0])]
+  count = sum(1 for key in stack if key.startswith("layers_"))
+  return [value(stack[f"layers_{i}"]) for i in range(count)]
+
+
+def _check_intermediate(s: ModelConfig, t: ModelConfig, options: DistillationConfig) -> None:
+  if s.architecture == "encoder_decoder":
+    raise ConfigError("the hidden-state, attention, embedding and cosine terms read one stack "
+                      "(encoder-only or decoder-only models); distil an encoder-decoder through "
+                      "its outputs (soft_weight, hard_weight) or sequence-level")
+  for config, who in ((s, "student"), (t, "teacher")):
+    if config.shared_layer_groups:
+      raise ConfigError(f"the {who} shares its layers (shared_layer_groups): the layer-by-layer "
+                        "terms need one set of params per layer")
+  if options.cosine_weight and s.d_model != t.d_model:
+    raise ConfigError(f"the cosine term compares hidden states of equal width: the student's "
+                      f"d_model={s.d_model}, the teacher's {t.d_model} (DistilBERT keeps the "
+                      "teacher's width); use hidden_weight, which projects, instead")
+  if options.attention_weight and s.num_heads != t.num_heads:
+    raise ConfigError(f"the attention term compares heads one to one: the student has "
+                      f"num_heads={s.num_heads}, the teacher {t.num_heads} (TinyBERT keeps the "
+                      "teacher's head count)")
+  layers = s.num_encoder_layers if s.architecture == "encoder_only" else s.num_decoder_layers
+  teacher_layers = t.num_encoder_layers if t.architecture == "encoder_only" else t.num_decoder_layers
+  if layers > teacher_layers:
+    raise ConfigError(f"the student has {layers} layers, the teacher {teacher_layers}: a "
+                      "student learns layer by layer from a teacher at least as deep")
+
+
+def check_record(model_dir: str, record: dict) -> None:
+  """Refuses a run whose teacher differs from the one MODEL_DIR/distillation.json names
+  (a resumed run must learn from the teacher it started with)."""
+  path = os.path.join(model_dir, RECORD_FILE)
+  if not os.path.isfile(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  changed = [k for k in ("teacher_config", "teacher_fingerprint") if saved.get(k) != record[k]]
+  if changed:
+    raise ConfigError(f"MODEL_DIR {model_dir} was distilled from another teacher "
+                      f"({saved.get('teacher')}; {' and '.join(changed)} differ): resume with "
+                      "that teacher, or use a new MODEL_DIR")
+
+
+def write_record(model_dir: str, record: dict) -> None:
+  from t5lite.runtime.model_dir import write_json
+  write_json(os.path.join(model_dir, RECORD_FILE), record)
