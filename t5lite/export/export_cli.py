@@ -3,6 +3,7 @@
   t5lite export hf --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--max_shard_size 5GB]
   t5lite export params --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--dtype bfloat16]
   t5lite export serving --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR   (see --help)
+  t5lite export student --checkpoint TEACHER --out DIR [--layers 0,2,4,7,9,11]
 
 A MODEL_DIR means its newest checkpoint. Nothing is written into a non-empty --out.
 Each export ends with one JSON line saying what it wrote.
@@ -21,6 +22,7 @@ FORMATS = {
           "directory per network)",
     "params": "a params-only MODEL_DIR (no optimizer or data state), optionally cast to bf16",
     "serving": "a jax.export artifact (encode + decode) with params and vocabulary",
+    "student": "a distillation student MODEL_DIR made of a teacher's layers (DistilBERT's init)",
 }
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -35,9 +37,15 @@ def main(argv: list[str]) -> int:
     return serving.main(rest)
   args = _parser(fmt).parse_args(rest)
   _check_empty(args.out)
-  summary = export_hf(args.checkpoint, args.out, max_shard_bytes=args.max_shard_size,
-                      dtype=args.dtype) if fmt == "hf" else export_params(
-                          args.checkpoint, args.out, dtype=args.dtype)
+  if fmt == "hf":
+    summary = export_hf(args.checkpoint, args.out, max_shard_bytes=args.max_shard_size,
+                        dtype=args.dtype)
+  elif fmt == "student":
+    summary = export_student(args.checkpoint, args.out, layers=args.layers,
+                             keep_token_types=args.keep_token_types,
+                             keep_pooler=args.keep_pooler, dtype=args.dtype)
+  else:
+    summary = export_params(args.checkpoint, args.out, dtype=args.dtype)
   print(json.dumps(summary))
   return 0
 
@@ -82,6 +90,36 @@ def export_params(checkpoint: str, out: str, *, dtype: str | None = None) -> dic
           "param_dtype": config.param_dtype}
 
 
+def export_student(checkpoint: str, out: str, *, layers: str, keep_token_types: bool = False,
+                   keep_pooler: bool = False, dtype: str | None = None) -> dict:
+  """A student MODEL_DIR of the teacher's `layers` (t5lite.export.student); the teacher is a
+  t5lite checkpoint or an HF directory."""
+  from t5lite.export import params_only, student
+  from t5lite.runtime import model_dir
+  try:
+    model_dir.model_dir_of(checkpoint)
+    config, params, step, vocabulary = _load(checkpoint)
+  except FileNotFoundError:  # an HF directory
+    import t5lite
+    from t5lite.data.vocabularies import load_vocabulary
+    config, params = t5lite.load_hf(checkpoint)
+    step = 0
+    try:
+      vocabulary = load_vocabulary(checkpoint)
+    except FileNotFoundError:
+      vocabulary = None
+  chosen = student.parse_layers(layers)
+  config, params = student.student_from_teacher(config, params, chosen,
+                                                keep_token_types=keep_token_types,
+                                                keep_pooler=keep_pooler)
+  params = params_only.cast_params(params, dtype)
+  if dtype is not None:
+    config = config.replace(param_dtype=dtype)
+  path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
+  return {"export": "student", "teacher_step": step, "layers": chosen,
+          "out": os.path.abspath(out), "checkpoint": path}
+
+
 def _load(checkpoint: str):
   """(config, params as numpy, step, vocabulary or None) of a t5lite checkpoint."""
   import jax
@@ -118,6 +156,14 @@ def _parser(fmt: str) -> argparse.ArgumentParser:
   parser.add_argument("--out", required=True, help="a new or empty folder")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                       help="cast the weights (default: keep the checkpoint's dtype)")
+  if fmt == "student":
+    parser.add_argument("--layers", default="0,2,4,7,9,11",
+                        help="the teacher's layers the student keeps, in order (default: "
+                        "DistilBERT's 0,2,4,7,9,11)")
+    parser.add_argument("--keep_token_types", action="store_true",
+                        help="keep the token-type embeddings (DistilBERT drops them)")
+    parser.add_argument("--keep_pooler", action="store_true",
+                        help="keep the pooler and its sentence head (DistilBERT drops them)")
   if fmt == "hf":
     parser.add_argument("--max_shard_size", type=_size, default=_size("5GB"),
                         help="split model.safetensors into shards of at most this size "
