@@ -9,6 +9,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -23,7 +24,8 @@ from t5lite.export import params_only
 from t5lite.families import distillation_losses as dl
 from t5lite.families import family_of
 from t5lite.families.distillation import (DISTILBERT, PROJECTION, TINYBERT_GENERAL,
-                                          Distillation, DistillationConfig, load_teacher)
+                                          Distillation, DistillationConfig)
+from t5lite.train.teacher import load_teacher, teacher_config as read_teacher_config
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.partitioning import MeshConfig, logical_axis_rules, make_mesh
@@ -137,8 +139,7 @@ def test_the_whole_loss_equals_one_rederived_from_hf_outputs(student_width, tmp_
   weights = dict(temperature=2.0, soft_weight=5.0, hard_weight=2.0, hidden_weight=1.5,
                  embedding_weight=0.5, attention_weight=0.25,
                  cosine_weight=1.0 if student_width == 32 else 0.0)
-  family = Distillation.wrap(family_of(student_config),
-                             DistillationConfig(teacher=str(tmp_path / "teacher"), **weights))
+  family = wrap(student_config, DistillationConfig(teacher=str(tmp_path / "teacher"), **weights))
   params = jax.device_get(family.init_params(3))
   assert (PROJECTION in params) == (student_width != 32)
   batch = mlm_batch()
@@ -188,7 +189,7 @@ def test_logit_distillation_of_lm_and_text_to_text_models(make, tmp_path):
   teacher_config = make(num_decoder_layers=3)
   teacher = write_teacher(tmp_path / "teacher", teacher_config)
   student_config = make(num_decoder_layers=1)
-  family = Distillation.wrap(family_of(student_config), DistillationConfig(
+  family = wrap(student_config, DistillationConfig(
       teacher=str(tmp_path / "teacher"), temperature=3.0, soft_weight=1.0))
   params = family.init_params(1)
   rng = np.random.RandomState(2)
@@ -301,7 +302,7 @@ def test_a_teacher_of_another_vocabulary_is_refused_with_both_sizes(tmp_path):
   write_teacher(tmp_path / "teacher", bert(2, 16).replace(vocab_size=67))
   options = DistillationConfig(teacher=str(tmp_path / "teacher"), **DISTILBERT)
   with pytest.raises(ConfigError, match="vocab_size=67 .* vocab_size=61"):
-    Distillation.wrap(family_of(bert(1, 16)), options)
+    wrap(bert(1, 16), options)
 
 
 @pytest.mark.parametrize("student, weights, message", [
@@ -312,8 +313,23 @@ def test_a_teacher_of_another_vocabulary_is_refused_with_both_sizes(tmp_path):
 def test_layer_terms_that_cannot_compare_are_refused(student, weights, message, tmp_path):
   write_teacher(tmp_path / "teacher", bert(2, 16))
   with pytest.raises(ConfigError, match=message):
-    Distillation.wrap(family_of(student),
-                      DistillationConfig(teacher=str(tmp_path / "teacher"), **weights))
+    wrap(student, DistillationConfig(teacher=str(tmp_path / "teacher"), **weights))
+
+
+def test_a_bfloat16_teacher_is_loaded_in_bfloat16_with_its_values(tmp_path):
+  params = write_teacher(tmp_path / "teacher", bert(2, 16))
+  options = DistillationConfig(teacher=str(tmp_path / "teacher"), teacher_dtype="bfloat16")
+  family = wrap(bert(1, 16), options)
+  assert family.teacher.config.param_dtype == "bfloat16"
+  loaded = load_teacher(options, family.teacher.config, make_mesh(MeshConfig()),
+                        logical_axis_rules())
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+
+
+def wrap(student_config, options):
+  return Distillation.wrap(family_of(student_config), options, read_teacher_config(options))
 
 
 def test_bad_options_are_refused():
@@ -324,4 +340,4 @@ def test_bad_options_are_refused():
   with pytest.raises(ConfigError, match="temperature"):
     DistillationConfig(teacher="x", temperature=0.0)
   with pytest.raises(ConfigError, match="neither a t5lite MODEL_DIR nor an HF"):
-    Distillation.wrap(family_of(bert(1, 16)), DistillationConfig(teacher=sys.prefix))
+    wrap(bert(1, 16), DistillationConfig(teacher=sys.prefix))

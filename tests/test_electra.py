@@ -15,8 +15,9 @@ import torch
 import transformers
 
 import t5lite
+from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import hf
+from t5lite.export import hf, params_only
 from t5lite.families import family_of
 from t5lite.families.electra import generator_config, with_shared
 from t5lite.models import count_params
@@ -133,6 +134,23 @@ def test_the_pair_shares_its_embeddings_and_exports_as_two_hf_directories(tmp_pa
   assert gen.config.hidden_size == 12 and gen.config.embedding_size == 24
   with pytest.raises(ConfigError, match="DIR/discriminator and DIR/generator"):
     t5lite.save_hf(config, params, str(tmp_path / "both"))
+
+
+def test_export_hf_of_a_pair_checkpoint_writes_both_directories(tmp_path):
+  """`t5lite export hf` on a MODEL_DIR of the pair: DIR/discriminator and DIR/generator,
+  each a directory transformers loads as its class, with the MODEL_DIR's weights."""
+  config = pair_config()
+  params = jax.device_get(family_of(config).init_params(4))
+  params_only.write_model_dir(str(tmp_path / "run"), config, params, step=7, vocabulary=None)
+  assert cli.main(["export", "hf", "--checkpoint", str(tmp_path / "run"), "--out",
+                   str(tmp_path / "hf")]) == 0
+  ids = np.random.RandomState(3).randint(1, 97, (2, 9))
+  for (name, net_config, net_params), model_cls in zip(
+      family_of(config).networks(params), (T.ElectraForPreTraining, T.ElectraForMaskedLM)):
+    model = loads_cleanly(model_cls, str(tmp_path / "hf" / name))
+    close(hf_logits(model, ids), t5lite.logits(net_config, net_params, ids))
+  with pytest.raises(ValueError, match="networks"):
+    t5lite.logits(config, params, ids)
 
 
 def certain_generator(params, token: int):

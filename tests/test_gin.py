@@ -103,7 +103,10 @@ def test_the_expected_run_files_ship():
 # model file of that kind: (model file, its d_model).
 RUN_MODELS = {"gin/runs/bert_finetune.gin": ("gin/models/bert/tiny.gin", 128),
               "gin/runs/stdlib_spanbert_pretrain.gin": ("gin/models/bert/tiny.gin", 128),
-              "gin/runs/gpt1_finetune.gin": ("gin/models/llama_style/tiny.gin", 64)}
+              "gin/runs/gpt1_finetune.gin": ("gin/models/llama_style/tiny.gin", 64),
+              "gin/runs/distilbert.gin": ("gin/models/bert/tiny.gin", 128),
+              "gin/runs/tinybert.gin": ("gin/models/bert/tiny.gin", 128),
+              "gin/runs/stdlib_electra_pretrain.gin": ("gin/models/electra/tiny.gin", 128)}
 
 
 @pytest.mark.parametrize("path", RUN_FILES)
@@ -120,7 +123,7 @@ def test_run_file_builds_its_config(path):
   gin_config.parse(files, [
       "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'",
       "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000",
-      "CHECKPOINT_PATH='/tmp/run'"])
+      "CHECKPOINT_PATH='/tmp/run'", "TEACHER='/tmp/teacher'"])
   config = gin_config.run_config(macro, cls, path)
   if cls is TrainConfig:
     assert config.model_dir == "/tmp/run" and config.train_steps == 2000000

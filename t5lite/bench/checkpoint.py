@@ -26,16 +26,11 @@ import statistics
 import tempfile
 import time
 
+from t5lite.bench.machine import cpu_model
+
 
 def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
+  return cpu_model() or platform.processor() or "unknown"
 
 
 def measure(model: str, repeats: int, directory: str) -> dict:

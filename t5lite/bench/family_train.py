@@ -27,21 +27,10 @@ import numpy as np
 from t5lite.bench import hf_family_train as hf_family
 from t5lite.bench import machine
 from t5lite.bench.train_timing import HFSide, T5liteSide, _median, _table, measure
+from t5lite.bench.machine import cpu_model
 from t5lite.bench.train_batches import family_batches
 
 DEFAULT_LENGTH = {"bert": 128, "gpt2": 512}
-
-
-def cpu_model() -> str | None:
-  """The CPU's model name (/proc/cpuinfo's `model name`, as lscpu shows it), None if unknown."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return None
 
 
 def run(*, family: str, model: str = "bench", batch_size: int = 8, length: int | None = None,

@@ -99,3 +99,15 @@ def wait_for_quiet(max_seconds: float, threshold: float = 0.1, window: float = 2
     if fraction is None or fraction < threshold or time.monotonic() >= deadline:
       return fraction
     log(f"bench: other processes use {100 * fraction:.0f}% of the CPUs; waiting for quiet")
+
+
+def cpu_model() -> str | None:
+  """The CPU's model name (/proc/cpuinfo's `model name`, as lscpu shows it), None if unknown."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return None

@@ -127,18 +127,6 @@ class Family(abc.ABC):
     most families; ELECTRA's pretraining pair gives its discriminator and generator."""
     return [("", self.config, params)]
 
-  def fixed_params(self, mesh, rules) -> Tree | None:
-    """Params the loss reads but never trains (a distillation teacher), placed on the mesh:
-    the trainer loads them once and passes them to loss_fn as `fixed_params`, outside the
-    train state (no gradient, no optimizer state, no checkpoint). None: the family has none."""
-    del mesh, rules
-    return None
-
-  def run_record(self, fixed_params: Tree) -> dict | None:
-    """What MODEL_DIR records about fixed_params, checked when a run resumes (None: nothing)."""
-    del fixed_params
-    return None
-
   def trainable_mask(self, params: Tree) -> Tree:
     """A tree of bools shaped like params: True where the optimizer updates the parameter."""
     return jax.tree.map(lambda _: True, params)

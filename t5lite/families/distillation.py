@@ -9,11 +9,11 @@
 
 The student is the run's model (MODEL_CONFIG), of any family; the run's MODEL_DIR is a plain
 student MODEL_DIR (eval, infer and export read it as any other). The teacher is loaded by the
-trainer, sharded by the same rules as the student, optionally cast to bfloat16, and passed to
-the step beside the train state: no gradient, no optimizer state, never checkpointed or
-donated, so its params are bitwise the same after training. MODEL_DIR/distillation.json
-records the teacher (path, config, a fingerprint of its params); a resumed run with another
-teacher is refused.
+trainer (t5lite.train.teacher), sharded by the same rules as the student, optionally cast to
+bfloat16, and passed to the step beside the train state (loss_fn's fixed_params): no gradient,
+no optimizer state, never checkpointed or donated, so its params are bitwise the same after
+training. MODEL_DIR/distillation.json records the teacher (path, config, a fingerprint of its
+params); a resumed run with another teacher is refused.
 
 The loss, each term a mean over its positions (distillation_losses), weighted:
 
@@ -30,7 +30,7 @@ W (d_student x d_teacher, TinyBERT's fit_dense, one for every layer) is trained 
 student, in params['distillation'], only when a hidden or embedding term is on and the widths
 differ; exports and `load_params` leave it out. g(m) = m N / M. The intermediate terms read
 one stack: encoder-only or decoder-only models (unshared layers); an encoder-decoder distils
-through its outputs (soft, hard) or sequence-level (t5lite.data.sequence_distillation).
+through its outputs (soft, hard) or sequence-level (t5lite.train.sequence_distillation).
 
 Deviations: TinyBERT's attention MSE averages over query and key positions that are both
 real (its code zeroes masked keys, keeps padded queries); the per-layer MSEs are summed, as
@@ -40,10 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
-import os
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -59,8 +56,8 @@ from t5lite.models.config import ModelConfig
 
 Tree = Any
 PROJECTION = "distillation"
-"""The params key of the trained W (TinyBERT's fit_dense): not part of the student."""
-RECORD_FILE = "distillation.json"
+"""The params key of the trained W (TinyBERT's fit_dense): not part of the student (and what
+t5lite.runtime.model_dir.load_params leaves out: its DISTILLATION_PARAMS)."""
 
 DISTILBERT = dict(temperature=2.0, soft_weight=5.0, hard_weight=2.0, cosine_weight=1.0)
 """DistilBERT's published recipe (HF's distillation example's command for it)."""
@@ -96,7 +93,8 @@ class DistillationConfig:
   def __post_init__(self):
     if not self.teacher:
       raise ConfigError("DistillationConfig.teacher is not set: name the teacher's MODEL_DIR "
-                        "or HF directory")
+                        "or HF directory (with gin/runs/distilbert.gin or tinybert.gin: "
+                        "--gin.TEACHER=\"'DIR'\")")
     if self.teacher_dtype not in ("", "float32", "bfloat16"):
       raise ConfigError(f"DistillationConfig.teacher_dtype={self.teacher_dtype!r} is not one of "
                         "'', 'float32', 'bfloat16'")
@@ -116,50 +114,6 @@ class DistillationConfig:
                 or self.embedding_weight)
 
 
-# --- the teacher ------------------------------------------------------------------------------
-
-def teacher_config(options: DistillationConfig) -> ModelConfig:
-  """The teacher's ModelConfig, from its MODEL_DIR's model_config.json or its HF config.json."""
-  from t5lite.export import hf, limits
-  from t5lite.runtime import model_dir
-  path = os.path.expanduser(options.teacher)
-  try:
-    config = model_dir.load_model_config(model_dir.model_dir_of(path))
-  except FileNotFoundError:
-    hf_file = limits.file_inside(path, "config.json")
-    if hf_file is None or not os.path.isfile(hf_file):
-      raise ConfigError(f"DistillationConfig.teacher={options.teacher!r} is neither a t5lite "
-                        "MODEL_DIR nor an HF model directory (no model_config.json, no "
-                        "config.json)") from None
-    config = hf.config_from_hf(limits.read_json(hf_file))
-  if options.teacher_dtype:
-    config = config.replace(dtype=options.teacher_dtype, param_dtype=options.teacher_dtype)
-  return config
-
-
-def load_teacher(options: DistillationConfig, config: ModelConfig, mesh, rules) -> Tree:
-  """The teacher's params, placed as the partitioning rules shard its family's params."""
-  from t5lite.export import hf
-  from t5lite.runtime import model_dir, partitioning
-  path = os.path.expanduser(options.teacher)
-  try:
-    model_dir.model_dir_of(path)
-    _, params, _ = model_dir.load_params(path, mesh, rules)
-  except FileNotFoundError:
-    _, params = hf.load_hf(path)
-  shardings = partitioning.param_shardings(config, mesh, rules)
-  dtype = config.storage_dtype
-  return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
-                 out_shardings=shardings)(params)
-
-
-def fingerprint(params: Tree) -> str:
-  """A short hash of a params tree's values (float64 sums of each leaf and its squares)."""
-  sums = [f"{float(jnp.sum(x.astype(jnp.float32))):.9e},{float(jnp.sum(jnp.square(x.astype(jnp.float32)))):.9e}"
-          for x in jax.tree.leaves(params)]
-  return hashlib.sha256(";".join(sums).encode()).hexdigest()[:16]
-
-
 # --- the recipe ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +126,11 @@ class Distillation(Family):
   name: ClassVar[str] = "distillation"
 
   @classmethod
-  def wrap(cls, student: Family, options: DistillationConfig) -> "Distillation":
-    """The recipe around a student family; checks that the teacher fits it."""
-    teacher = family_of(teacher_config(options))
+  def wrap(cls, student: Family, options: DistillationConfig,
+           teacher_config: ModelConfig) -> "Distillation":
+    """The recipe around a student family and a teacher of that config (the trainer reads it:
+    t5lite.train.teacher); checks that the teacher fits the student."""
+    teacher = family_of(teacher_config)
     s, t = student.config, teacher.config
     if s.vocab_size != t.vocab_size:
       raise ConfigError(f"the teacher's vocab_size={t.vocab_size} differs from the student's "
@@ -253,14 +209,6 @@ class Distillation(Family):
             + self.teacher.flops_per_example(lengths) / 3)
 
   # --- the teacher and the loss --------------------------------------------------------------
-
-  def fixed_params(self, mesh, rules) -> Tree:
-    return load_teacher(self.options, self.teacher.config, mesh, rules)
-
-  def run_record(self, fixed_params) -> dict:
-    return {"teacher": os.path.abspath(os.path.expanduser(self.options.teacher)),
-            "teacher_config": self.teacher.config.to_dict(),
-            "teacher_fingerprint": fingerprint(fixed_params)}
 
   def loss_fn(self, params, batch, rng, fixed_params=None):
     """(weighted loss sum, sums): the hard loss's sums (its normalizer) plus each term's mean
@@ -408,23 +356,3 @@ def _check_intermediate(s: ModelConfig, t: ModelConfig, options: DistillationCon
   if layers > teacher_layers:
     raise ConfigError(f"the student has {layers} layers, the teacher {teacher_layers}: a "
                       "student learns layer by layer from a teacher at least as deep")
-
-
-def check_record(model_dir: str, record: dict) -> None:
-  """Refuses a run whose teacher differs from the one MODEL_DIR/distillation.json names
-  (a resumed run must learn from the teacher it started with)."""
-  path = os.path.join(model_dir, RECORD_FILE)
-  if not os.path.isfile(path):
-    return
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
-  changed = [k for k in ("teacher_config", "teacher_fingerprint") if saved.get(k) != record[k]]
-  if changed:
-    raise ConfigError(f"MODEL_DIR {model_dir} was distilled from another teacher "
-                      f"({saved.get('teacher')}; {' and '.join(changed)} differ): resume with "
-                      "that teacher, or use a new MODEL_DIR")
-
-
-def write_record(model_dir: str, record: dict) -> None:
-  from t5lite.runtime.model_dir import write_json
-  write_json(os.path.join(model_dir, RECORD_FILE), record)

@@ -57,10 +57,14 @@ def model_dir_of(checkpoint_path: str | os.PathLike) -> str:
                                 f"{MODEL_CONFIG_FILE} there or two folders up)")
 
 
+DISTILLATION_PARAMS = "distillation"
+"""The top-level params key of a distillation run's trained projection (not the model's)."""
+
+
 def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
   folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel)."""
-  from t5lite.families import distillation, family_of
+  from t5lite.families import family_of
   from t5lite.runtime import checkpoint_reader, partitioning
   model_config = load_model_config(model_dir_of(checkpoint_path))
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
@@ -69,7 +73,7 @@ def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   abstract = partitioning.abstract_sharded(family_of(model_config).abstract_params(), shardings)
   # A distillation run's checkpoint also holds its trained projection, not part of the model.
   params, step = checkpoint_reader.restore_params(checkpoint_path, abstract,
-                                                  ignore=(distillation.PROJECTION,))
+                                                  ignore=(DISTILLATION_PARAMS,))
   return model_config, params, step
 
 

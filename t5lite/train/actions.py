@@ -64,7 +64,8 @@ class LogMetrics(Action):
   A row holds the logged step's own metrics (`loss` is that step's loss), the window's
   `loss_mean` over its finite steps, `skipped_steps` (non-finite updates dropped in the window),
   the learning rate, tokens/s and MFU over the window (compilation excluded: the loop compiles
-  before the first step and records the time once, as `compile_s` in the first row)."""
+  before the first step and records the time once, as `compile_s` in the first row, beside
+  XLA's memory estimate of the step, `step_*_bytes`)."""
 
   def __init__(self, period: int):
     self.period = period
@@ -93,6 +94,7 @@ class LogMetrics(Action):
       mfu = record["mfu"] = cost_model.mfu(flops, seconds, self.peak * jax.device_count())
     if loop.compile_s is not None:
       record["compile_s"], loop.compile_s = loop.compile_s, None
+      record.update(loop.step_memory)
     loop.writer.write(loop.step, record)
     loop.result.losses[loop.step] = scalars["loss"]
     if window["nonfinite_steps"]:

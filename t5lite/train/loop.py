@@ -81,6 +81,7 @@ class Loop:
     self.state = self.window = self.metrics = None
     self.feature_lengths: dict[str, int] = {}  # of the model features (batch columns)
     self.compile_s: float | None = None
+    self.step_memory: dict[str, int] = {}  # XLA's estimate for the compiled step (first row)
     self.clock = Clock()
     self.progress = ProgressLine(trainer.config.train_steps, start_step=self.step)
     self._host = None  # (window, metrics) read at this step, or None
@@ -192,6 +193,23 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
   return result
 
 
+def step_memory(compiled) -> dict[str, int]:
+  """XLA's memory estimate of a compiled step per device, in bytes: arguments (the train
+  state, a batch, a teacher), outputs, temporaries, and their peak sum minus the donated
+  arguments it reuses (step_memory_bytes); {} when the backend gives none."""
+  try:
+    analysis = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 - some backends do not implement it
+    return {}
+  if analysis is None:
+    return {}
+  out = {f"step_{name}_bytes": int(getattr(analysis, f"{name}_size_in_bytes", 0))
+         for name in ("argument", "output", "temp", "alias")}
+  out["step_memory_bytes"] = (out["step_argument_bytes"] + out["step_output_bytes"]
+                              + out["step_temp_bytes"] - out["step_alias_bytes"])
+  return out
+
+
 def _train(loop: Loop, actions: list[Action]) -> None:
   trainer, config = loop.trainer, loop.trainer.config
   host_batch = next(loop.batches)
@@ -201,6 +219,7 @@ def _train(loop: Loop, actions: list[Action]) -> None:
   start = time.perf_counter()
   step_fn = trainer.step_fn.lower(loop.state, loop.window, batch).compile()
   loop.compile_s = time.perf_counter() - start
+  loop.step_memory = step_memory(step_fn)
   loop.clock.restart()
   while loop.step < config.train_steps:
     loop.state, loop.window, loop.metrics = step_fn(loop.state, loop.window, batch)

@@ -55,7 +55,6 @@ from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.families import family_of
-from t5lite.families import distillation as distillation_lib
 from t5lite.families.distillation import Distillation, DistillationConfig
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
@@ -66,6 +65,7 @@ from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
 from t5lite.train import loop as loop_lib
+from t5lite.train import teacher as teacher_lib
 from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
 from t5lite.train.optimizers import OptimizerConfig, make_optimizer, trainable_only
@@ -205,8 +205,10 @@ class Trainer:
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.family = family_of(model_config, config.step.loss_options())
-    if config.distillation is not None:
-      self.family = Distillation.wrap(self.family, config.distillation)
+    distill, teacher_config = config.distillation, None
+    if distill is not None:  # the recipe's loss needs the teacher's shapes first
+      teacher_config = teacher_lib.teacher_config(distill)
+      self.family = Distillation.wrap(self.family, distill, teacher_config)
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
@@ -230,8 +232,13 @@ class Trainer:
     self.abstract_params = part.abstract_sharded(params, self.param_shardings)
     self.replicated = NamedSharding(self.mesh, P())
     batch_sharding = part.batch_sharding(self.mesh)
-    # A teacher (Family.fixed_params): an argument of every step, never donated or saved.
-    self.fixed_params = self.family.fixed_params(self.mesh, self.rules)
+    # A distillation teacher: an argument of every step (the loss's fixed_params), never
+    # donated, differentiated or saved.
+    self.fixed_params = None
+    if distill is not None:
+      self.fixed_params = teacher_lib.load_teacher(distill, teacher_config, self.mesh,
+                                                   self.rules)
+      self.teacher_record = teacher_lib.record(distill, teacher_config, self.fixed_params)
     fixed = jax.tree.map(lambda x: x.sharding, self.fixed_params)
     step_fn = jax.jit(
         functools.partial(windowed_train_step, family=self.family, optimizer=self.optimizer,
@@ -410,9 +417,8 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   # a collective), before anything is written there.
   model_dir_lib.check_compatible(config.model_dir, model_config)
   model_dir_lib.check_vocabulary(config.model_dir, vocabulary)
-  record = trainer.family.run_record(trainer.fixed_params)
-  if record is not None:  # a distillation teacher: the one MODEL_DIR's run learnt from
-    distillation_lib.check_record(config.model_dir, record)
+  if config.distillation is not None:  # the teacher MODEL_DIR's run learns from
+    teacher_lib.check_record(config.model_dir, trainer.teacher_record)
     teacher = os.path.expanduser(config.distillation.teacher)
     try:
       teacher = model_dir_lib.model_dir_of(teacher)
@@ -425,8 +431,8 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   def prepare() -> None:  # once the run is sure to go on
     if trainer.is_primary:
       model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
-      if record is not None:
-        distillation_lib.write_record(config.model_dir, record)
+      if config.distillation is not None:
+        teacher_lib.write_record(config.model_dir, trainer.teacher_record)
 
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
   with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm, \
