@@ -25,7 +25,7 @@ from t5lite.families import distillation_losses as dl
 from t5lite.families import family_of
 from t5lite.families.distillation import (DISTILBERT, PROJECTION, TINYBERT_GENERAL,
                                           Distillation, DistillationConfig)
-from t5lite.train.teacher import load_teacher, teacher_config as read_teacher_config
+from t5lite.train import teacher as teacher_lib
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.partitioning import MeshConfig, logical_axis_rules, make_mesh
@@ -215,6 +215,22 @@ def test_logit_distillation_of_lm_and_text_to_text_models(make, tmp_path):
   assert float(loss_sum / sums["normalizer"]) == pytest.approx(kl[real].mean(), rel=1e-4)
 
 
+def test_an_hf_teacher_is_read_with_its_weights_config(tmp_path):
+  """An HF directory's config depends on its weights (T5 v1.1's untied output layer): the
+  teacher read from it is the model its weights make, and distils as a MODEL_DIR would."""
+  config = tiny(tie_output_embedding=False, num_decoder_layers=2)
+  params = jax.device_get(family_of(config).init_params(0))
+  t5lite.save_hf(config, params, str(tmp_path / "hf"))
+  options = DistillationConfig(teacher=str(tmp_path / "hf"), soft_weight=1.0)
+  where, read_config, read_params = teacher_lib.read(options)
+  assert where.hf and read_config.tie_output_embedding is False
+  loaded = jax.device_get(load_teacher(options))
+  np.testing.assert_array_equal(loaded["decoder"]["logits_dense"]["kernel"],
+                                params["decoder"]["logits_dense"]["kernel"])
+  family = wrap(tiny(num_decoder_layers=1), options)
+  assert family.teacher.config == read_config
+
+
 # --- through the trainer ----------------------------------------------------------------------
 
 def files_digest(path):
@@ -242,14 +258,13 @@ def test_a_distillation_run_trains_the_student_and_leaves_the_teacher_unchanged(
   teacher_config = tiny_encoder_only(num_encoder_layers=4, type_vocab_size=2)
   run(tmp_path / "teacher", teacher_config, None)
   before = files_digest(tmp_path / "teacher")
-  mesh, rules = make_mesh(MeshConfig()), logical_axis_rules()
   options = DistillationConfig(teacher=str(tmp_path / "teacher"), **TINYBERT_GENERAL)
-  teacher_params = jax.device_get(load_teacher(options, teacher_config, mesh, rules))
+  teacher_params = jax.device_get(load_teacher(options))
   # TinyBERT's intermediate stage into a narrower student: the projection trains beside it.
   student = teacher_config.replace(d_model=32, num_encoder_layers=2)
   result = run(tmp_path / "student", student, tmp_path / "teacher", **TINYBERT_GENERAL)
   assert files_digest(tmp_path / "teacher") == before
-  after = jax.device_get(load_teacher(options, teacher_config, mesh, rules))
+  after = jax.device_get(load_teacher(options))
   for a, b in zip(jax.tree.leaves(teacher_params), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)
   assert result.step == 6
@@ -321,15 +336,20 @@ def test_a_bfloat16_teacher_is_loaded_in_bfloat16_with_its_values(tmp_path):
   options = DistillationConfig(teacher=str(tmp_path / "teacher"), teacher_dtype="bfloat16")
   family = wrap(bert(1, 16), options)
   assert family.teacher.config.param_dtype == "bfloat16"
-  loaded = load_teacher(options, family.teacher.config, make_mesh(MeshConfig()),
-                        logical_axis_rules())
+  loaded = load_teacher(options)
   for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
     assert a.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
 
 
 def wrap(student_config, options):
-  return Distillation.wrap(family_of(student_config), options, read_teacher_config(options))
+  return Distillation.wrap(family_of(student_config), options, teacher_lib.read(options)[1])
+
+
+def load_teacher(options):
+  """The teacher as the trainer places it (one device)."""
+  where, config, params = teacher_lib.read(options)
+  return teacher_lib.load(where, config, params, make_mesh(MeshConfig()), logical_axis_rules())
 
 
 def test_bad_options_are_refused():
@@ -339,5 +359,5 @@ def test_bad_options_are_refused():
     DistillationConfig(teacher="x", soft_weight=0.0)
   with pytest.raises(ConfigError, match="temperature"):
     DistillationConfig(teacher="x", temperature=0.0)
-  with pytest.raises(ConfigError, match="neither a t5lite MODEL_DIR nor an HF"):
+  with pytest.raises(ConfigError, match="neither a t5lite MODEL_DIR .* nor an HF model"):
     wrap(bert(1, 16), DistillationConfig(teacher=sys.prefix))

@@ -70,6 +70,9 @@ def test_the_loss_falls_and_metrics_jsonl_has_every_logged_step(runs, family):
   rows = [r for r in records if "loss" in r]
   assert [r["step"] for r in rows] == list(range(LOG_PERIOD, STEPS + 1, LOG_PERIOD))
   assert {"learning_rate", "accuracy", "grad_norm", "tokens_per_s"} <= set(rows[0])
+  # XLA's estimate of the compiled step, once: the train state is an argument of it.
+  assert rows[0]["step_memory_bytes"] > rows[0]["step_argument_bytes"] > 0
+  assert "step_memory_bytes" not in rows[1]
   assert logged_losses(model_dir) == {r["step"]: r["loss"] for r in rows}
   first, last = rows[0]["loss"], rows[-1]["loss"]
   # ELECTRA's first logged loss (step 5) is mostly 50 x a discriminator that already says

@@ -3,6 +3,7 @@ student from scratch, and the memory both recipes cost, side by side on the embe
 
   t5lite bench recipes [--out runs/bench_recipes] [--pretrain_steps 300]
                        [--finetune_steps 200] [--teacher_layers 6] [--student_layers 0,2,4]
+                       [--overwrite]
 
 Every run is a real `t5lite train` / `export` command (printed before it runs):
 
@@ -173,9 +174,13 @@ def plot(result: dict, path: str) -> None:
 
 
 def run(out: str, pretrain_steps: int, finetune_steps: int, teacher_layers: int,
-        student_layers: list[int]) -> dict:
-  shutil.rmtree(out, ignore_errors=True)
-  os.makedirs(out)
+        student_layers: list[int], overwrite: bool = False) -> dict:
+  if os.path.isdir(out) and os.listdir(out):
+    if not overwrite:
+      raise FileExistsError(f"--out {out} is not empty; choose a new folder, or pass "
+                            "--overwrite to replace this benchmark's earlier output")
+    shutil.rmtree(out)
+  os.makedirs(out, exist_ok=True)
   started = time.time()
   result = {"bench": "recipes",
             "electra_vs_bert": electra_vs_bert(out, pretrain_steps, finetune_steps),
@@ -198,9 +203,12 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--finetune_steps", type=int, default=200)
   parser.add_argument("--teacher_layers", type=int, default=6)
   parser.add_argument("--student_layers", default="0,2,4")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="empty a non-empty --out first (its runs are deleted)")
   args = parser.parse_args(argv)
   layers = [int(x) for x in args.student_layers.split(",")]
-  result = run(args.out, args.pretrain_steps, args.finetune_steps, args.teacher_layers, layers)
+  result = run(args.out, args.pretrain_steps, args.finetune_steps, args.teacher_layers, layers,
+               args.overwrite)
   e, d = result["electra_vs_bert"], result["distilled_vs_scratch"]
   print(f"\n{'run':28s} {'steps':>6s} {'accuracy':>9s} {'step memory MiB':>16s}")
   for name in ("electra", "bert"):

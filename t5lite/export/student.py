@@ -34,6 +34,13 @@ def student_from_teacher(config: ModelConfig, params: Params, layers: Sequence[i
   if config.shared_layer_groups:
     raise ConfigError("this teacher shares its layers (shared_layer_groups): there are no "
                       "separate layers to pick")
+  if config.generator_hidden_fraction:
+    raise ConfigError("this teacher is an ELECTRA pair (generator and discriminator): export "
+                      "it to HF (`t5lite export hf`) and make the student from one network")
+  if config.head in ("sequence_classification", "multiple_choice") and config.pooler and (
+      not keep_pooler):
+    raise ConfigError(f"the teacher's {config.head!r} head reads its pooler: pass "
+                      "--keep_pooler (keep_pooler=True) so that the student keeps it too")
   stack = "encoder" if config.architecture == "encoder_only" else "decoder"
   field = "num_encoder_layers" if stack == "encoder" else "num_decoder_layers"
   count = getattr(config, field)

@@ -32,9 +32,13 @@ differ; exports and `load_params` leave it out. g(m) = m N / M. The intermediate
 one stack: encoder-only or decoder-only models (unshared layers); an encoder-decoder distils
 through its outputs (soft, hard) or sequence-level (t5lite.train.sequence_distillation).
 
-Deviations: TinyBERT's attention MSE averages over query and key positions that are both
-real (its code zeroes masked keys, keeps padded queries); the per-layer MSEs are summed, as
-TinyBERT's code sums them.
+The hard loss is computed from the same student pass: a head's loss or the token cross entropy
+of its targets (a student's NSP / SOP or SpanBERT heads are not part of it).
+
+Deviations: TinyBERT's attention MSE averages over the (query, key) pairs attention does not
+mask (its code zeroes masked keys, keeps padded queries); its hidden and embedding MSEs over
+real tokens (its code's mean takes padding too); the per-layer MSEs are summed, as TinyBERT's
+code sums them. A term whose weight is 0 is not computed.
 """
 from __future__ import annotations
 
@@ -49,9 +53,10 @@ import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 from t5lite.families import distillation_losses as dl
-from t5lite.families.base import Family
+from t5lite.families import heads
+from t5lite.families.base import Family, token_loss_sums
 from t5lite.families.registry import family_of
-from t5lite.models.attention import INTERMEDIATES
+from t5lite.models.attention import INTERMEDIATES, MASK_VALUE
 from t5lite.models.config import ModelConfig
 
 Tree = Any
@@ -140,6 +145,17 @@ class Distillation(Family):
       raise ConfigError(f"the teacher ({t.architecture}, head={t.head!r}, num_labels="
                         f"{t.num_labels}) and the student ({s.architecture}, head={s.head!r}, "
                         f"num_labels={s.num_labels}) predict different things")
+    for config, who in ((s, "student"), (t, "teacher")):
+      if config.replaced_token_detection or config.generator_hidden_fraction:
+        raise ConfigError(f"the {who} is an ELECTRA discriminator (replaced_token_detection): "
+                          "distillation compares MLM, LM or classifier outputs; distil its "
+                          "exported generator, or a finetuned discriminator with a head")
+      if config.lm_loss_weight:
+        raise ConfigError(f"the {who} has GPT-1's auxiliary LM loss (lm_loss_weight="
+                          f"{config.lm_loss_weight}): set it to 0 to distil the classifier")
+    if s.head and options.restrict_soft_to_targets:
+      raise ConfigError("DistillationConfig.restrict_soft_to_targets picks token positions; a "
+                        f"{s.head!r} head's soft loss is over its rows: set it to False")
     if s.head == "question_answering" or (s.head and s.loss_problem_type != (
         "single_label_classification")):
       raise ConfigError(f"distillation softens a softmax over classes; head={s.head!r} with "
@@ -188,6 +204,13 @@ class Distillation(Family):
     boxed = fit.init(jax.random.fold_in(rng, 1), jnp.zeros((1, ds)))["params"]
     return {**params, PROJECTION: {"fit_dense": boxed}}
 
+  def trainable_mask(self, params):
+    """The student's own mask; the trained projection always trains."""
+    mask = self.student.trainable_mask(student_params(params))
+    if PROJECTION in params:
+      mask = {**mask, PROJECTION: jax.tree.map(lambda _: True, params[PROJECTION])}
+    return mask
+
   def networks(self, params):
     return self.student.networks(student_params(params))
 
@@ -218,11 +241,15 @@ class Distillation(Family):
                        "trainer passes them; so must a caller of loss_fn")
     o = self.options
     student = student_params(params)
-    hard_sum, sums = self.student.loss_fn(student, batch, rng)
-    s_logits, s_states = _run(self.student, student, batch, rng)
-    t_logits, t_states = jax.lax.stop_gradient(_run(self.teacher, fixed_params, batch, None))
-    positions = self._positions(batch, s_logits)
-    terms = {"soft": dl.soft_cross_entropy(s_logits, t_logits, positions, o.temperature)}
+    # One pass of each network: the student's logits give the hard and the soft loss.
+    s_logits, s_states = _run(self.student, student, batch, rng, o.intermediate)
+    t_logits, t_states = jax.lax.stop_gradient(
+        _run(self.teacher, fixed_params, batch, None, o.intermediate))
+    hard_sum, sums = self._hard_loss(s_logits, batch)
+    terms = {}
+    if o.soft_weight:
+      terms["soft"] = dl.soft_cross_entropy(s_logits, t_logits, self._positions(batch, s_logits),
+                                            o.temperature)
     if o.intermediate:
       terms.update(self._intermediate_terms(params, s_states, t_states, batch))
     loss_sum = o.hard_weight * hard_sum
@@ -233,14 +260,27 @@ class Distillation(Family):
       sums = dict(sums, **{f"distill_{name}": total, f"distill_{name}_count": count})
     return loss_sum, dict(sums, distill_hard=hard_sum)
 
+  def _hard_loss(self, logits, batch):
+    """The student's own loss from its logits: a head's (t5lite.families.heads), else the
+    token cross entropy on its targets (an MLM's masked tokens, an LM's, T5's targets). The
+    hard loss leaves out a student's auxiliary pretraining heads (NSP / SOP, SpanBERT's)."""
+    if self.config.head:
+      return heads.loss_sums(self.config, logits, batch)
+    target_key, weight_key, segment_key = self.student.target_features
+    return token_loss_sums(logits, batch[target_key], batch.get(weight_key),
+                           batch.get(segment_key), self.loss)
+
   def _positions(self, batch, logits):
     """Where the soft loss applies: (B, ...) like logits without their class axis."""
     _, weight_key, segment_key = self.student.target_features
     if logits.ndim == 2:  # a sequence classifier: its real rows
       return _real_rows(batch)
-    if self.options.restrict_soft_to_targets or segment_key not in batch:
+    if self.options.restrict_soft_to_targets:
       return batch[weight_key] > 0
-    return batch[segment_key] > 0
+    if segment_key in batch:
+      return batch[segment_key] > 0
+    stack = "encoder" if segment_key.startswith("encoder") else "decoder"
+    return batch[f"{stack}_input_tokens"] > 0  # no segment ids: padding is token 0
 
   def _intermediate_terms(self, params, s_states, t_states, batch):
     o, s_config = self.options, self.config
@@ -271,11 +311,12 @@ class Distillation(Family):
     if o.attention_weight:
       s_scores = layers_of(s_states[stack], s_config, "attention_scores")
       t_scores = layers_of(t_states[stack], self.teacher.config, "attention_scores")
-      pairs = (real[:, None, :, None] & real[:, None, None, :])  # (B, 1, Q, K)
-      pairs = jnp.broadcast_to(pairs, s_scores[0].shape)
       total = count = 0.0
       for m, g in enumerate(mapping):
-        # Masked scores hold the mask's large negative value: zeroed before they are compared.
+        # The (query, key) pairs attention masks (padding, other packed segments, the
+        # future in a decoder) hold the mask's large negative value in both networks:
+        # compared and counted only where the scores are real.
+        pairs = s_scores[m] > MASK_VALUE / 2  # (B, H, Q, K), the same in the teacher
         s, t = (jnp.where(pairs, x, 0.0)[..., None] for x in (s_scores[m], t_scores[g - 1]))
         a_total, a_count = dl.squared_error(s, t, pairs)
         total, count = total + a_total, a_count
@@ -311,15 +352,21 @@ def _real_rows(batch) -> jax.Array:
   return jnp.any(tokens.reshape(tokens.shape[0], -1) > 0, axis=-1)
 
 
-def _run(family: Family, params, batch, rng):
-  """(outputs, sown intermediates) of a family's network on a batch; rng None: no dropout."""
+def _run(family: Family, params, batch, rng, intermediates: bool):
+  """(outputs, sown intermediates or {}) of a family's network on a batch; rng None: no
+  dropout. The hidden states and attention scores are kept only when asked for."""
   config = family.config
   dropout = rng is not None and (config.dropout_rate > 0 or bool(config.classifier_dropout))
   model = family.make_model(enable_dropout=dropout)
-  out, state = model.apply({"params": params}, **family.model_inputs(batch),
-                           rngs={"dropout": rng} if dropout else None, mutable=[INTERMEDIATES])
+  rngs = {"dropout": rng} if dropout else None
+  inputs = family.model_inputs(batch)
+  if intermediates:
+    out, state = model.apply({"params": params}, **inputs, rngs=rngs, mutable=[INTERMEDIATES])
+    state = state[INTERMEDIATES]
+  else:
+    out, state = model.apply({"params": params}, **inputs, rngs=rngs), {}
   out = out[0] if isinstance(out, tuple) else out  # GPT-1's (classes, LM logits)
-  return out, state[INTERMEDIATES]
+  return out, state
 
 
 def layers_of(stack: Tree, config: ModelConfig, name: str) -> list[jax.Array]:

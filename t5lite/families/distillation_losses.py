@@ -2,7 +2,8 @@
 that microbatches and eval batches add up like every other t5lite loss.
 
   soft_cross_entropy   T^2 KL(softmax(t / T) || softmax(s / T)), summed over the classes
-                       (Hinton et al.; DistilBERT's loss_ce, TinyBERT's prediction loss)
+                       (Hinton et al.; DistilBERT's loss_ce; TinyBERT's prediction loss is
+                       the soft cross entropy, the same gradient, without T^2)
   cosine_distance      1 - cos(s, t) per position (DistilBERT's loss_cos on last hidden states)
   squared_error        sum over the last axis of (s - t)^2, per position (TinyBERT's MSE on
                        hidden states, embeddings and attention scores: mean = sum / (count * d))

@@ -39,7 +39,7 @@ def on_chosen(loss_at, weights, normalizing_factor):
   # NUM_TOTAL_TARGET_TOKENS counts every position, AVERAGE_PER_SEQUENCE every segment.
   if (weights is None or slots >= length
       or normalizing_factor in (losses.NUM_TOTAL_TARGET_TOKENS, losses.AVERAGE_PER_SEQUENCE)):
-    return loss_at(lambda x: x, lambda full, values: values)
+    return loss_at(lambda x: x, _identity_put)
   chosen = weights > 0  # (B, L)
   # Each row's weighted positions first (stable: in order), then the rest.
   order = jnp.argsort(~chosen, axis=1, stable=True)[:, :slots]  # (B, K)
@@ -53,7 +53,11 @@ def on_chosen(loss_at, weights, normalizing_factor):
     return full.at[rows, order].set(values.astype(full.dtype))
   return jax.lax.cond(jnp.all(jnp.sum(chosen, axis=1) <= slots),
                       lambda: loss_at(pick, put),
-                      lambda: loss_at(lambda x: x, lambda full, values: values))
+                      lambda: loss_at(lambda x: x, _identity_put))
+
+
+def _identity_put(full, values):
+  return values.astype(full.dtype)
 
 
 @register

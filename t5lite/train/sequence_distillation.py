@@ -74,6 +74,7 @@ from t5lite.data.registry import MixtureRegistry, Task, TaskRegistry, add_task, 
 from t5lite.data.rows import PipelineConfig, task_row_dataset
 from t5lite.data.vocabularies import load_vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
+from t5lite.train import teacher as teacher_lib
 
 FORMAT = 1  # in every key: records that come to mean something else never read old entries
 FOLDER = "_sequence_distillation"
@@ -150,17 +151,7 @@ def strip_eos(tokens, eos_id: int) -> np.ndarray:
   return tokens[:ends[0]] if len(ends) else tokens
 
 
-def params_digest(params) -> str:
-  """sha256 over every leaf's path, dtype, shape and bytes: exact, unlike sums (which a swap
-  of two values keeps), and the same whatever mesh the params were loaded on."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from t5lite.models.decoding import to_host  # pylint: disable=import-outside-toplevel
-  digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    array = np.ascontiguousarray(to_host(leaf))  # one leaf on the host at a time
-    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
-    digest.update(array.tobytes())
-  return digest.hexdigest()
+params_digest = teacher_lib.fingerprint
 
 
 # --- checks: all before the teacher's weights are read ---------------------------------------
@@ -196,19 +187,12 @@ def _teacher(teacher: str | os.PathLike):
   HF directory or a t5lite MODEL_DIR: the config first, to be checked before the weights."""
   from t5lite.export import hf, limits  # pylint: disable=import-outside-toplevel
   from t5lite.runtime import model_dir  # pylint: disable=import-outside-toplevel
-  path = os.path.abspath(os.path.expanduser(os.fspath(teacher)))
-  hf_config = limits.file_inside(path, "config.json")
-  if hf_config is not None:  # before model_dir_of: `t5lite export hf` may write into a MODEL_DIR
-    config, home = hf.config_from_hf(limits.read_json(hf_config)), path
+  where = teacher_lib.locate(teacher)
+  path, home = where.path, where.home
+  if where.hf:
+    config = hf.config_from_hf(limits.read_json(os.path.join(path, "config.json")))
     load = lambda: hf.load_hf(path)  # noqa: E731
   else:
-    try:
-      home = model_dir.model_dir_of(path)
-    except FileNotFoundError:
-      raise ConfigFileNotFoundError(
-          f"teacher {path} is neither a t5lite MODEL_DIR (no model_config.json there or two "
-          "folders up) nor an HF model directory (no config.json): pass the teacher's run "
-          "folder") from None
     config = model_dir.load_model_config(home)
     load = lambda: model_dir.load_params(path)[:2]  # noqa: E731
   try:

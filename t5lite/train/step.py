@@ -116,8 +116,8 @@ def train_step(state: TrainState, batch: Batch, *, family: Family,
   seed: the dropout rng of a step is fold_in(key(seed), state.step), so it depends only on the
   seed and the saved step (reproducible across restarts). frozen (bool scalar): when True the
   update is not applied and the step does not advance, whatever the loss (see 'stop' in the
-  module docstring). fixed_params: what Family.fixed_params gave (a distillation teacher),
-  passed to the loss and never differentiated.
+  module docstring). fixed_params: params the loss reads but never trains (a distillation
+  teacher: t5lite.train.teacher), passed to loss_fn and never differentiated.
 
   metrics (scalars): loss (z-loss included, normalized as configured), grad_norm (global L2
   norm of the normalized gradients), nonfinite (bool), and the family's own figures
@@ -233,3 +233,27 @@ def windowed_train_step(state: TrainState, window: dict[str, jax.Array], batch: 
                                    window["first_nonfinite"]),
   }
   return state, window, metrics
+
+
+def with_fixed_params(fn, fixed_params):
+  """A jitted fn whose last argument is `fixed_params` (a teacher), bound: called, lowered
+  and compiled as if it took the others only (the loop compiles the step once). fn itself
+  when there are none."""
+  return fn if fixed_params is None else _WithFixed(fn, fixed_params)
+
+
+class _WithFixed:
+  def __init__(self, fn, fixed_params):
+    self.fn, self.fixed_params = fn, fixed_params
+
+  def __call__(self, *args):
+    return self.fn(*args, self.fixed_params)
+
+  def lower(self, *args):
+    return _WithFixed(self.fn.lower(*args, self.fixed_params), self.fixed_params)
+
+  def compile(self):
+    return _WithFixed(self.fn.compile(), self.fixed_params)
+
+  def memory_analysis(self):
+    return self.fn.memory_analysis()

@@ -9,49 +9,71 @@ whose teacher differs is refused, since the student would learn from another mod
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.export import hf, limits
 from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
+from t5lite.models.decoding import to_host
 from t5lite.runtime import model_dir, partitioning
 
 Tree = Any
 RECORD_FILE = "distillation.json"
 
 
-def teacher_config(options: DistillationConfig) -> ModelConfig:
-  """The teacher's ModelConfig, from its MODEL_DIR's model_config.json or its HF config.json."""
-  path = os.path.expanduser(options.teacher)
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """Where a teacher is: `path` as given (absolute), `hf` whether it is an HF directory (one
+  with a config.json, checked first: `t5lite export hf` may write one inside a MODEL_DIR),
+  else `home` is its MODEL_DIR; the vocabulary, when saved, is in `home`."""
+  path: str
+  home: str
+  hf: bool
+
+
+def locate(path: str | os.PathLike) -> Teacher:
+  """The Teacher at `path`: an HF directory, or a t5lite MODEL_DIR (or a checkpoint of one)."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  hf_config = limits.file_inside(path, "config.json")
+  if hf_config is not None and os.path.isfile(hf_config):
+    return Teacher(path, path, True)
   try:
-    config = model_dir.load_model_config(model_dir.model_dir_of(path))
+    return Teacher(path, model_dir.model_dir_of(path), False)
   except FileNotFoundError:
-    hf_file = limits.file_inside(path, "config.json")
-    if hf_file is None or not os.path.isfile(hf_file):
-      raise ConfigError(f"DistillationConfig.teacher={options.teacher!r} is neither a t5lite "
-                        "MODEL_DIR nor an HF model directory (no model_config.json, no "
-                        "config.json)") from None
-    config = hf.config_from_hf(limits.read_json(hf_file))
+    raise ConfigFileNotFoundError(
+        f"teacher {path} is neither a t5lite MODEL_DIR (no model_config.json there or two "
+        "folders up) nor an HF model directory (no config.json): name the teacher's run "
+        "folder or its HF export") from None
+
+
+def read(options: DistillationConfig) -> tuple[Teacher, ModelConfig, Tree | None]:
+  """(where, config, host params or None) of DistillationConfig's teacher: an HF directory is
+  read whole (its config depends on its weights, e.g. T5's tied output layer), a MODEL_DIR
+  only for its config (load() reads its newest checkpoint straight into its shards). The
+  config's dtypes are teacher_dtype's when set, else the checkpoint's."""
+  where = locate(options.teacher)
+  if where.hf:
+    config, params = hf.load_hf(where.path)
+  else:
+    config, params = model_dir.load_model_config(where.home), None
   if options.teacher_dtype:
     config = config.replace(dtype=options.teacher_dtype, param_dtype=options.teacher_dtype)
-  return config
+  return where, config, params
 
 
-def load_teacher(options: DistillationConfig, config: ModelConfig, mesh, rules) -> Tree:
-  """The teacher's params, placed as the partitioning rules shard its family's params."""
-  path = os.path.expanduser(options.teacher)
-  try:
-    model_dir.model_dir_of(path)
-    _, params, _ = model_dir.load_params(path, mesh, rules)
-  except FileNotFoundError:
-    _, params = hf.load_hf(path)
+def load(where: Teacher, config: ModelConfig, params: Tree | None, mesh, rules) -> Tree:
+  """The teacher's params in config's storage dtype, placed as the partitioning rules shard
+  its family's params (host params from read(), or its MODEL_DIR's newest checkpoint)."""
+  if params is None:
+    _, params, _ = model_dir.load_params(where.path, mesh, rules)
   shardings = partitioning.param_shardings(config, mesh, rules)
   dtype = config.storage_dtype
   return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
@@ -59,10 +81,14 @@ def load_teacher(options: DistillationConfig, config: ModelConfig, mesh, rules) 
 
 
 def fingerprint(params: Tree) -> str:
-  """A short hash of a params tree's values (float64 sums of each leaf and its squares)."""
-  sums = [f"{float(jnp.sum(x.astype(jnp.float32))):.9e},{float(jnp.sum(jnp.square(x.astype(jnp.float32)))):.9e}"
-          for x in jax.tree.leaves(params)]
-  return hashlib.sha256(";".join(sums).encode()).hexdigest()[:16]
+  """sha256 over every leaf's path, dtype, shape and bytes: exact (sums miss a swap of two
+  values) and the same whatever mesh the params were loaded on."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    array = np.ascontiguousarray(to_host(leaf))  # one leaf on the host at a time
+    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
 
 
 def record(options: DistillationConfig, config: ModelConfig, params: Tree) -> dict:

@@ -69,7 +69,7 @@ from t5lite.train import teacher as teacher_lib
 from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
 from t5lite.train.optimizers import OptimizerConfig, make_optimizer, trainable_only
-from t5lite.train.step import StepConfig, eval_step, windowed_train_step
+from t5lite.train.step import StepConfig, eval_step, windowed_train_step, with_fixed_params
 from t5lite.train.train_state import TrainState
 
 Tree = Any
@@ -176,38 +176,15 @@ def check_heads(model_config: ModelConfig, tasks) -> None:
                         f"{task.num_labels}")
 
 
-class WithFixed:
-  """A jitted fn whose last argument is a family's fixed params (a teacher), bound: called,
-  lowered and compiled as if it took the others only (the loop compiles the step once)."""
-
-  def __init__(self, fn, fixed_params):
-    self.fn, self.fixed_params = fn, fixed_params
-
-  def __call__(self, *args):
-    return self.fn(*args, self.fixed_params)
-
-  def lower(self, *args):
-    return _Lowered(self.fn.lower(*args, self.fixed_params), self.fixed_params)
-
-
-class _Lowered:
-  def __init__(self, lowered, fixed_params):
-    self.lowered, self.fixed_params = lowered, fixed_params
-
-  def compile(self):
-    compiled = self.lowered.compile()
-    return lambda *args: compiled(*args, self.fixed_params)
-
-
 class Trainer:
   """The pieces of one run that stay fixed while it trains (see `train`)."""
 
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.family = family_of(model_config, config.step.loss_options())
-    distill, teacher_config = config.distillation, None
+    distill = config.distillation
     if distill is not None:  # the recipe's loss needs the teacher's shapes first
-      teacher_config = teacher_lib.teacher_config(distill)
+      self.teacher, teacher_config, teacher_params = teacher_lib.read(distill)
       self.family = Distillation.wrap(self.family, distill, teacher_config)
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
@@ -236,20 +213,21 @@ class Trainer:
     # donated, differentiated or saved.
     self.fixed_params = None
     if distill is not None:
-      self.fixed_params = teacher_lib.load_teacher(distill, teacher_config, self.mesh,
-                                                   self.rules)
+      self.fixed_params = teacher_lib.load(self.teacher, teacher_config, teacher_params,
+                                           self.mesh, self.rules)
       self.teacher_record = teacher_lib.record(distill, teacher_config, self.fixed_params)
-    fixed = jax.tree.map(lambda x: x.sharding, self.fixed_params)
+    fixed = (() if self.fixed_params is None
+             else (jax.tree.map(lambda x: x.sharding, self.fixed_params),))
     step_fn = jax.jit(
         functools.partial(windowed_train_step, family=self.family, optimizer=self.optimizer,
                           step_config=config.step, seed=config.seed),
-        in_shardings=(self.state_shardings, self.replicated, batch_sharding, fixed),
+        in_shardings=(self.state_shardings, self.replicated, batch_sharding, *fixed),
         out_shardings=(self.state_shardings, self.replicated, self.replicated),
         donate_argnums=(0, 1))
     eval_fn = jax.jit(functools.partial(eval_step, family=self.family),
-                      in_shardings=(self.param_shardings, batch_sharding, fixed))
-    self.step_fn = WithFixed(step_fn, self.fixed_params)
-    self.eval_fn = WithFixed(eval_fn, self.fixed_params)
+                      in_shardings=(self.param_shardings, batch_sharding, *fixed))
+    self.step_fn = with_fixed_params(step_fn, self.fixed_params)
+    self.eval_fn = with_fixed_params(eval_fn, self.fixed_params)
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -419,12 +397,7 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   model_dir_lib.check_vocabulary(config.model_dir, vocabulary)
   if config.distillation is not None:  # the teacher MODEL_DIR's run learns from
     teacher_lib.check_record(config.model_dir, trainer.teacher_record)
-    teacher = os.path.expanduser(config.distillation.teacher)
-    try:
-      teacher = model_dir_lib.model_dir_of(teacher)
-    except FileNotFoundError:
-      pass  # an HF directory
-    model_dir_lib.check_vocabulary(teacher, vocabulary, "the teacher")
+    model_dir_lib.check_vocabulary(trainer.teacher.home, vocabulary, "the teacher")
   if not trainer.is_primary:
     log = _silent  # one progress line per job, from process 0
 
