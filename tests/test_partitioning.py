@@ -306,3 +306,15 @@ def test_grouped_query_attention_shards_with_more_tensor_devices_than_kv_heads()
     sharded = t5lite.logits(config, params, tokens)
   np.testing.assert_allclose(sharded, t5lite.logits(config, jax.device_get(params), tokens),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_abstract_params_and_load_hf_work_under_an_active_mesh(tmp_path):
+  """The trainer reads an HF INITIAL_CHECKPOINT_PATH inside its mesh and rules: shapes are
+  unboxed without a sharding constraint (nn.unbox would put one on each shape and fail)."""
+  config = tiny()
+  t5lite.save_hf(config, init_params(config), str(tmp_path))
+  mesh, rules = mesh_of((2, 1, 4)), logical_axis_rules()
+  with activate(mesh, rules):
+    shapes = abstract_params(config)
+    loaded_config, params = t5lite.load_hf(str(tmp_path))
+  assert jax.tree.map(lambda x: x.shape, shapes) == jax.tree.map(lambda x: x.shape, params)

@@ -1,7 +1,7 @@
 """`t5lite bench recipes`: ELECTRA vs BERT at equal compute, a distilled student vs the same
 student from scratch, and the memory both recipes cost, side by side on the embedded data.
 
-  t5lite bench recipes [--out runs/bench_recipes] [--pretrain_steps 300]
+  t5lite bench recipes [--out runs/bench_recipes] [--pretrain_steps 600]
                        [--finetune_steps 200] [--teacher_layers 6] [--student_layers 0,2,4]
                        [--overwrite]
 
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(prog="t5lite bench recipes", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", default="runs/bench_recipes")
-  parser.add_argument("--pretrain_steps", type=int, default=300)
+  parser.add_argument("--pretrain_steps", type=int, default=600)
   parser.add_argument("--finetune_steps", type=int, default=200)
   parser.add_argument("--teacher_layers", type=int, default=6)
   parser.add_argument("--student_layers", default="0,2,4")

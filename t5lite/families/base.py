@@ -40,7 +40,7 @@ from t5lite.errors import ConfigError
 from t5lite.models import decoding, losses
 from t5lite.models.config import ModelConfig
 from t5lite.models.network import make_model
-from t5lite.models.params import init_boxed
+from t5lite.models.params import init_boxed, unbox_shapes
 
 Batch = Mapping[str, jax.Array]
 Tree = Any
@@ -116,7 +116,7 @@ class Family(abc.ABC):
 
   def abstract_params(self) -> Tree:
     """Params as jax.ShapeDtypeStructs: nothing allocated or computed."""
-    return nn.unbox(jax.eval_shape(self._boxed_params, jax.random.key(0)))
+    return unbox_shapes(jax.eval_shape(self._boxed_params, jax.random.key(0)))
 
   def param_logical_axes(self) -> Tree:
     """Params tree of PartitionSpecs over logical axis names, e.g. P('embed', 'heads', 'kv')."""

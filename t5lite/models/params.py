@@ -34,9 +34,19 @@ def init_params(config: ModelConfig, rng: jax.Array | int = 0) -> Params:
   return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, rng))
 
 
+def unbox_shapes(boxed) -> Params:
+  """eval_shape'd boxed params -> plain ShapeDtypeStructs. Not nn.unbox: under an active mesh
+  and axis rules (the trainer's) it constrains each leaf's sharding, which a shape cannot
+  take (JAX raises a TypeError)."""
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed,
+                      is_leaf=is_box)
+
+
 def abstract_params(config: ModelConfig) -> Params:
-  """Params as jax.ShapeDtypeStructs, without allocating or computing anything."""
-  return nn.unbox(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0)))
+  """Params as jax.ShapeDtypeStructs, without allocating or computing anything (also under
+  an active mesh)."""
+  return unbox_shapes(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0)))
 
 
 def param_logical_axes(config: ModelConfig) -> Params:
