@@ -2,8 +2,8 @@
 student from scratch, and the memory both recipes cost, side by side on the embedded data.
 
   t5lite bench recipes [--out runs/bench_recipes] [--pretrain_steps 600]
-                       [--finetune_steps 200] [--teacher_layers 6] [--student_layers 0,2,4]
-                       [--overwrite]
+                       [--finetune_steps 200] [--teacher_layers 4] [--student_layers 0,2]
+                       [--parts electra,distill] [--overwrite]
 
 Every run is a real `t5lite train` / `export` command (printed before it runs):
 
@@ -14,7 +14,7 @@ electra   ELECTRA (gin/models/electra/tiny.gin: discriminator d 128, a quarter-w
           Family.flops_per_example). Both are exported to HF and finetuned alike (the same
           first-token classification head, --finetune_steps) on the 8-way
           stdlib_docstring_module_head; the figure is each one's validation accuracy.
-distill   a BERT-tiny-wide teacher of --teacher_layers layers pretrains (MLM) --pretrain_steps;
+distill   a BERT-tiny-wide teacher of --teacher_layers layers pretrains (MLM, lr 1e-3) --pretrain_steps;
           a student of its --student_layers (`t5lite export student`) trains with DistilBERT's
           loss (5 soft at T=2, 2 MLM, 1 cosine) for --pretrain_steps, and the same student
           shape from a random init with MLM alone for as many steps; the figures are each
@@ -46,6 +46,8 @@ MLM_ONLY = ["ModelConfig.replaced_token_detection=False",
             "ModelConfig.generator_hidden_fraction=0.0"]
 FINETUNE_TASK = "stdlib_docstring_module_head"
 LENGTH = 128  # the pretraining runs' inputs length (gin/runs/stdlib_mlm.gin)
+PARTS = ("electra", "distill")
+DISTILL_LEARNING_RATE = 1e-3  # a 4-layer post-LN BERT at stdlib_mlm.gin's 2e-3 collapses
 
 
 def _cli(argv: list[str]) -> None:
@@ -121,20 +123,20 @@ def distilled_vs_scratch(out: str, steps: int, teacher_layers: int,
                          student_layers: list[int]) -> dict:
   model, run = "gin/models/bert/tiny.gin", "gin/runs/stdlib_mlm.gin"
   teacher = os.path.join(out, "teacher")
-  _train(teacher, [model, run], [f"ModelConfig.num_encoder_layers={teacher_layers}"]
-         + _schedule(steps))
+  schedule = _schedule(steps) + [f"ScheduleConfig.value={DISTILL_LEARNING_RATE}"]
+  _train(teacher, [model, run], [f"ModelConfig.num_encoder_layers={teacher_layers}"] + schedule)
   init = os.path.join(out, "student_init")
   _cli(["export", "student", "--checkpoint", teacher, "--out", init, "--layers",
         ",".join(map(str, student_layers)), "--keep_token_types", "--keep_pooler"])
   shape = [f"ModelConfig.num_encoder_layers={len(student_layers)}"]
   distilled = os.path.join(out, "student_distilled")
-  _train(distilled, [model, run], shape + _schedule(steps) + [
+  _train(distilled, [model, run], shape + schedule + [
       f"INITIAL_CHECKPOINT_PATH='{init}'", "TrainConfig.distillation=@DistillationConfig()",
       f"DistillationConfig.teacher='{teacher}'", "DistillationConfig.temperature=2.0",
       "DistillationConfig.soft_weight=5.0", "DistillationConfig.hard_weight=2.0",
       "DistillationConfig.cosine_weight=1.0"])
   scratch = os.path.join(out, "student_scratch")
-  _train(scratch, [model, run], shape + _schedule(steps))
+  _train(scratch, [model, run], shape + schedule)
   task = "stdlib_mlm"
   figures = {}
   for name, path in (("teacher", teacher), ("distilled", distilled), ("scratch", scratch)):
@@ -157,24 +159,28 @@ def plot(result: dict, path: str) -> None:
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, 3, figsize=(13, 4))
   e, d = result["electra_vs_bert"], result["distilled_vs_scratch"]
-  axes[0].bar(["ELECTRA", "BERT (MLM)"], [e["electra"]["finetune_accuracy"],
-                                          e["bert"]["finetune_accuracy"]], color=["C0", "C1"])
-  axes[0].set_title(f"{FINETUNE_TASK}\naccuracy after equal pretraining FLOPs")
-  names = ["teacher", "distilled", "scratch"]
-  axes[1].bar(names, [d[n]["eval_accuracy"] for n in names], color=["C2", "C0", "C1"])
-  axes[1].set_title("stdlib_mlm validation MLM accuracy")
-  memory = {"ELECTRA": e["electra"]["step_memory_bytes"], "BERT": e["bert"]["step_memory_bytes"],
-            "distill": d["distilled"]["step_memory_bytes"],
-            "teacher": d["teacher"]["step_memory_bytes"]}
+  memory = {}
+  if e:
+    axes[0].bar(["ELECTRA", "BERT (MLM)"], [e["electra"]["finetune_accuracy"],
+                                            e["bert"]["finetune_accuracy"]], color=["C0", "C1"])
+    axes[0].set_title(f"{FINETUNE_TASK}\naccuracy (%) after equal pretraining FLOPs")
+    memory.update(ELECTRA=e["electra"]["step_memory_bytes"], BERT=e["bert"]["step_memory_bytes"])
+  if d:
+    names = ["teacher", "distilled", "scratch"]
+    axes[1].bar(names, [d[n]["eval_accuracy"] for n in names], color=["C2", "C0", "C1"])
+    axes[1].set_title("stdlib_mlm validation MLM accuracy")
+    memory.update(distill=d["distilled"]["step_memory_bytes"],
+                  teacher=d["teacher"]["step_memory_bytes"])
   axes[2].bar(list(memory), [(v or 0) / 2**20 for v in memory.values()],
-              color=["C0", "C1", "C0", "C2"])
+              color=["C0", "C1", "C0", "C2"][:len(memory)])
   axes[2].set_title("XLA's train-step memory estimate (MiB)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
 
 
 def run(out: str, pretrain_steps: int, finetune_steps: int, teacher_layers: int,
-        student_layers: list[int], overwrite: bool = False) -> dict:
+        student_layers: list[int], overwrite: bool = False,
+        parts: tuple[str, ...] = PARTS) -> dict:
   if os.path.isdir(out) and os.listdir(out):
     if not overwrite:
       raise FileExistsError(f"--out {out} is not empty; choose a new folder, or pass "
@@ -183,9 +189,11 @@ def run(out: str, pretrain_steps: int, finetune_steps: int, teacher_layers: int,
   os.makedirs(out, exist_ok=True)
   started = time.time()
   result = {"bench": "recipes",
-            "electra_vs_bert": electra_vs_bert(out, pretrain_steps, finetune_steps),
-            "distilled_vs_scratch": distilled_vs_scratch(out, pretrain_steps, teacher_layers,
-                                                         student_layers)}
+            "electra_vs_bert": (electra_vs_bert(out, pretrain_steps, finetune_steps)
+                                if "electra" in parts else None),
+            "distilled_vs_scratch": (distilled_vs_scratch(out, pretrain_steps, teacher_layers,
+                                                          student_layers)
+                                     if "distill" in parts else None)}
   from t5lite.bench.machine import cpu_model
   result.update(seconds=round(time.time() - started, 1), cpu=cpu_model(),
                 cores=os.cpu_count(), ratio_vs_hf=None)
@@ -201,21 +209,27 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--out", default="runs/bench_recipes")
   parser.add_argument("--pretrain_steps", type=int, default=600)
   parser.add_argument("--finetune_steps", type=int, default=200)
-  parser.add_argument("--teacher_layers", type=int, default=6)
-  parser.add_argument("--student_layers", default="0,2,4")
+  parser.add_argument("--teacher_layers", type=int, default=4)
+  parser.add_argument("--student_layers", default="0,2",
+                      help="the teacher's layers the student keeps (DistilBERT: every other)")
+  parser.add_argument("--parts", default=",".join(PARTS),
+                      help="which comparisons to run: electra, distill or both")
   parser.add_argument("--overwrite", action="store_true",
                       help="empty a non-empty --out first (its runs are deleted)")
   args = parser.parse_args(argv)
   layers = [int(x) for x in args.student_layers.split(",")]
+  parts = tuple(p for p in args.parts.split(",") if p)
+  if not parts or set(parts) - set(PARTS):
+    parser.error(f"--parts {args.parts!r}: a comma-separated choice of {', '.join(PARTS)}")
   result = run(args.out, args.pretrain_steps, args.finetune_steps, args.teacher_layers, layers,
-               args.overwrite)
+               args.overwrite, parts)
   e, d = result["electra_vs_bert"], result["distilled_vs_scratch"]
   print(f"\n{'run':28s} {'steps':>6s} {'accuracy':>9s} {'step memory MiB':>16s}")
-  for name in ("electra", "bert"):
-    print(f"{name + ' -> finetuned':28s} {e[name]['pretrain_steps']:6d} "
+  for name in ("electra", "bert") if e else ():
+    print(f"{name + ' -> finetuned (%)':28s} {e[name]['pretrain_steps']:6d} "
           f"{e[name]['finetune_accuracy'] or 0:9.3f} "
           f"{(e[name]['step_memory_bytes'] or 0) / 2**20:16.1f}")
-  for name in ("teacher", "distilled", "scratch"):
+  for name in ("teacher", "distilled", "scratch") if d else ():
     print(f"{name + ' (MLM accuracy)':28s} {args.pretrain_steps:6d} "
           f"{d[name]['eval_accuracy'] or 0:9.3f} {(d[name]['step_memory_bytes'] or 0) / 2**20:16.1f}")
   print(json.dumps(result))
