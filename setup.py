@@ -54,5 +54,5 @@ setup(
                  # seqeval: the reference the NER entity-F1 metric is tested against.
                  "seqeval>=1.2.2"],
     },
-    entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
+    entry_points={"console_scripts": ["t5lite=t5lite.cli:console_main"]},
 )

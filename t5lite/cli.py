@@ -295,5 +295,18 @@ def _prog(argv: list[str]) -> str:
   return " ".join(["t5lite"] + [a for a in argv if a in verbs][:1])
 
 
+def console_main() -> None:
+  """The `t5lite` command (and `python -m t5lite.cli`): main(), then exit with its code. A
+  failed run (exit 2: a full disk, say) exits at once, streams flushed, without waiting for
+  background threads: a checkpoint write the disk refused can leave one of orbax's writer
+  threads blocked, which would keep the process from ever ending."""
+  code = main()
+  if code == 2:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  console_main()

@@ -256,7 +256,7 @@ def run(model_dir, model, teacher, steps=6, **weights):
 @pytest.mark.slow
 def test_a_distillation_run_trains_the_student_and_leaves_the_teacher_unchanged(tmp_path):
   teacher_config = tiny_encoder_only(num_encoder_layers=4, type_vocab_size=2)
-  run(tmp_path / "teacher", teacher_config, None)
+  write_teacher(tmp_path / "teacher", teacher_config, seed=4)
   before = files_digest(tmp_path / "teacher")
   options = DistillationConfig(teacher=str(tmp_path / "teacher"), **TINYBERT_GENERAL)
   teacher_params = jax.device_get(load_teacher(options))

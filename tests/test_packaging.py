@@ -29,4 +29,4 @@ def test_installed_names(tmp_path):
 def test_console_script_is_declared():
   from importlib.metadata import entry_points
   scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-  assert scripts["t5lite"] == "t5lite.cli:main"
+  assert scripts["t5lite"] == "t5lite.cli:console_main"
