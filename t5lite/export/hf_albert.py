@@ -41,7 +41,8 @@ from typing import Mapping
 
 from t5lite.errors import ConfigError
 from t5lite.export.hf_bert import (ENCODER_NEEDS, FROM_HF_ACTIVATION, SIZES, TO_HF_ACTIVATION,
-                                   check_heads, dense_entries, norm_entries, post_norm_layer)
+                                   check_heads, dense_entries, embedding_entries, norm_entries,
+                                   post_norm_layer)
 from t5lite.export.hf_heads import HeadSpec, encoder_needs
 from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
@@ -150,13 +151,7 @@ class AlbertLayout(HFLayout):
     return config.num_encoder_layers, 1
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
-    p = "albert.embeddings"
-    entries = [Entry((("token_embedder", "embedding"),), f"{p}.word_embeddings.weight"),
-               Entry((("encoder", "position_embedder", "embedding"),),
-                     f"{p}.position_embeddings.weight"),
-               Entry((("encoder", "token_type_embedder", "embedding"),),
-                     f"{p}.token_type_embeddings.weight")]
-    entries += norm_entries(("encoder", "embedding_norm"), f"{p}.LayerNorm")
+    entries = embedding_entries("albert.embeddings")
     entries += dense_entries(("encoder", "embedding_projection"),
                              "albert.encoder.embedding_hidden_mapping_in")
     groups, inner = self._groups(config)

@@ -80,6 +80,37 @@ BERT_LAYER = dict(query="attention.self.query", key="attention.self.key",
                   wo="output.dense", mlp_norm="output.LayerNorm")
 
 
+def encoder_config_keys(config: ModelConfig) -> dict:
+  """The config.json keys every BERT-like layout (BERT, RoBERTa, ALBERT, ELECTRA) writes alike
+  (mlp_activation checked against TO_HF_ACTIVATION by the caller)."""
+  return {
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.d_model,
+      "num_hidden_layers": config.num_encoder_layers,
+      "num_attention_heads": config.num_heads,
+      "intermediate_size": config.d_ff,
+      "hidden_act": TO_HF_ACTIVATION[config.mlp_activation],
+      "hidden_dropout_prob": config.dropout_rate,
+      "attention_probs_dropout_prob": config.dropout_rate,
+      "max_position_embeddings": config.max_position_embeddings,
+      "type_vocab_size": config.type_vocab_size,
+      "initializer_range": config.init_std or 0.02,
+      "layer_norm_eps": config.layer_norm_epsilon,
+      "tie_word_embeddings": True,
+  }
+
+
+def embedding_entries(prefix: str) -> list[Entry]:
+  """`<prefix>.{word,position,token_type}_embeddings` and `<prefix>.LayerNorm` (ALBERT's and
+  ELECTRA's factorized tables; BERT's own, whose token types are optional, below)."""
+  entries = [Entry((("token_embedder", "embedding"),), f"{prefix}.word_embeddings.weight"),
+             Entry((("encoder", "position_embedder", "embedding"),),
+                   f"{prefix}.position_embeddings.weight"),
+             Entry((("encoder", "token_type_embedder", "embedding"),),
+                   f"{prefix}.token_type_embeddings.weight")]
+  return entries + norm_entries(("encoder", "embedding_norm"), f"{prefix}.LayerNorm")
+
+
 def check_heads(config: ModelConfig, model_type: str) -> None:
   if config.num_heads * config.d_kv != config.d_model:
     raise ConfigError(f"HF {model_type!r} has heads of hidden_size / num_attention_heads; this "
@@ -121,22 +152,7 @@ class _BertLike(HFLayout):
     if config.mlp_activation not in TO_HF_ACTIVATION:
       raise ConfigError(f"HF {self.model_types[0]!r} has no equivalent of mlp_activation="
                         f"{config.mlp_activation!r} (it has {sorted(TO_HF_ACTIVATION)})")
-    return {
-        "model_type": self.model_types[0],
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "num_hidden_layers": config.num_encoder_layers,
-        "num_attention_heads": config.num_heads,
-        "intermediate_size": config.d_ff,
-        "hidden_act": TO_HF_ACTIVATION[config.mlp_activation],
-        "hidden_dropout_prob": config.dropout_rate,
-        "attention_probs_dropout_prob": config.dropout_rate,
-        "max_position_embeddings": config.max_position_embeddings,
-        "type_vocab_size": config.type_vocab_size,
-        "initializer_range": config.init_std or 0.02,
-        "layer_norm_eps": config.layer_norm_epsilon,
-        "tie_word_embeddings": True,
-    }
+    return {"model_type": self.model_types[0], **encoder_config_keys(config)}
 
   def config_values(self, hf: Mapping) -> dict:
     sizes = self.sizes(hf, SIZES, defaults={"max_position_embeddings": 512})

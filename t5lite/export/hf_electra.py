@@ -27,7 +27,8 @@ from typing import Mapping
 
 from t5lite.errors import ConfigError
 from t5lite.export.hf_bert import (BERT_LAYER, ENCODER_NEEDS, FROM_HF_ACTIVATION, SIZES,
-                                   TO_HF_ACTIVATION, check_heads, dense_entries, norm_entries,
+                                   TO_HF_ACTIVATION, check_heads, dense_entries,
+                                   embedding_entries, encoder_config_keys, norm_entries,
                                    post_norm_layer)
 from t5lite.export.hf_heads import HeadSpec, encoder_needs
 from t5lite.export.hf_layout import Entry, HFLayout, legacy_norm_names, refuse, register
@@ -84,21 +85,9 @@ class ElectraLayout(HFLayout):
     return {
         "architectures": [pretraining],
         "model_type": "electra",
-        "vocab_size": config.vocab_size,
+        **encoder_config_keys(config),
         "embedding_size": config.embedding_width,
-        "hidden_size": config.d_model,
-        "num_hidden_layers": config.num_encoder_layers,
-        "num_attention_heads": config.num_heads,
-        "intermediate_size": config.d_ff,
-        "hidden_act": TO_HF_ACTIVATION[config.mlp_activation],
-        "hidden_dropout_prob": config.dropout_rate,
-        "attention_probs_dropout_prob": config.dropout_rate,
-        "max_position_embeddings": config.max_position_embeddings,
-        "type_vocab_size": config.type_vocab_size,
-        "initializer_range": config.init_std or 0.02,
-        "layer_norm_eps": config.layer_norm_epsilon,
         "pad_token_id": 0,
-        "tie_word_embeddings": True,
         "classifier_dropout": config.classifier_dropout,
         **HEADS.config_to_hf(config),
     }
@@ -143,13 +132,7 @@ class ElectraLayout(HFLayout):
     return tensors is None or "discriminator_predictions.dense.weight" in tensors
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
-    p = "electra.embeddings"
-    entries = [Entry((("token_embedder", "embedding"),), f"{p}.word_embeddings.weight"),
-               Entry((("encoder", "position_embedder", "embedding"),),
-                     f"{p}.position_embeddings.weight"),
-               Entry((("encoder", "token_type_embedder", "embedding"),),
-                     f"{p}.token_type_embeddings.weight")]
-    entries += norm_entries(("encoder", "embedding_norm"), f"{p}.LayerNorm")
+    entries = embedding_entries("electra.embeddings")
     if config.embedding_size:
       entries += dense_entries(("encoder", "embedding_projection"), "electra.embeddings_project")
     for i in range(config.num_encoder_layers):
