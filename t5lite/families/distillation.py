@@ -274,7 +274,8 @@ class Distillation(Family):
     """Where the soft loss applies: (B, ...) like logits without their class axis."""
     _, weight_key, segment_key = self.student.target_features
     if logits.ndim == 2:  # a sequence classifier: its real rows
-      return _real_rows(batch)
+      prefix = "decoder" if self.config.architecture == "decoder_only" else "encoder"
+      return heads.row_weights(batch, prefix) > 0
     if self.options.restrict_soft_to_targets:
       return batch[weight_key] > 0
     if segment_key in batch:
@@ -340,16 +341,6 @@ def student_params(params: Tree) -> Tree:
 
 def _fit(fit_params, x):
   return x @ fit_params["kernel"].astype(x.dtype) + fit_params["bias"].astype(x.dtype)
-
-
-def _real_rows(batch) -> jax.Array:
-  """(B,) rows with any real token (eval batches end in rows of padding)."""
-  for key in ("encoder_segment_ids", "decoder_segment_ids"):
-    if key in batch:
-      segments = batch[key]
-      return jnp.any(segments.reshape(segments.shape[0], -1) > 0, axis=-1)
-  tokens = batch.get("encoder_input_tokens", batch.get("decoder_input_tokens"))
-  return jnp.any(tokens.reshape(tokens.shape[0], -1) > 0, axis=-1)
 
 
 def _run(family: Family, params, batch, rng, intermediates: bool):

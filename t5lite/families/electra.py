@@ -33,6 +33,7 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
 from t5lite.data import pretraining
 from t5lite.errors import ConfigError
@@ -75,52 +76,21 @@ def discriminator_config(config: ModelConfig) -> ModelConfig:
   return config.replace(generator_hidden_fraction=0.0)
 
 
-def _subtree(tree, path, value=None, *, drop=False):
-  """tree with the subtree at path replaced by value (or dropped); tree itself is unchanged."""
-  head, rest = path[0], path[1:]
-  if head not in tree:
-    return tree
-  out = dict(tree)
-  if rest:
-    out[head] = _subtree(tree[head], rest, value, drop=drop)
-  elif drop:
-    del out[head]
-  else:
-    out[head] = value
-  return out
-
-
-def _get(tree, path):
-  for key in path:
-    if key not in tree:
-      return None
-    tree = tree[key]
-  return tree
+def _shared(path: tuple[str, ...]) -> bool:
+  return any(path[:len(prefix)] == prefix for prefix in SHARED)
 
 
 def without_shared(generator):
   """The generator tree less the subtrees it reads from the discriminator."""
-  for path in SHARED:
-    generator = _subtree(generator, path, drop=True)
-  return generator
+  flat = traverse_util.flatten_dict(generator)
+  return traverse_util.unflatten_dict({k: v for k, v in flat.items() if not _shared(k)})
 
 
 def with_shared(generator, discriminator):
   """The generator's full tree: its own params plus the discriminator's shared embeddings."""
-  for path in SHARED:
-    shared = _get(discriminator, path)
-    if shared is not None:
-      generator = _insert(generator, path, shared)
-  return generator
-
-
-def _insert(tree, path, value):
-  out = dict(tree)
-  if len(path) == 1:
-    out[path[0]] = value
-  else:
-    out[path[0]] = _insert(tree.get(path[0], {}), path[1:], value)
-  return out
+  flat = traverse_util.flatten_dict(generator)
+  flat.update({k: v for k, v in traverse_util.flatten_dict(discriminator).items() if _shared(k)})
+  return traverse_util.unflatten_dict(flat)
 
 
 @register

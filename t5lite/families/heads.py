@@ -39,7 +39,8 @@ def converter(config) -> HeadFeatureConverter:
                               lm_loss=bool(config.lm_loss_weight))
 
 
-def _row_weights(batch: Batch, prefix: str) -> jax.Array:
+def row_weights(batch: Batch, prefix: str) -> jax.Array:
+  """(B,) 1.0 for rows with any real token, 0.0 for rows of padding (eval's filler rows)."""
   segment_ids = batch[f"{prefix}_segment_ids"]
   real = jnp.any(segment_ids.reshape(segment_ids.shape[0], -1) > 0, axis=-1)  # (B,)
   return real.astype(jnp.float32)
@@ -64,7 +65,7 @@ def _sums(loss_sum, count, correct) -> tuple[jax.Array, dict[str, jax.Array]]:
 def loss_sums(config, logits, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(loss sum, sums) of head logits on a batch; see the module docstring."""
   prefix = "decoder" if config.architecture == "decoder_only" else "encoder"
-  rows = _row_weights(batch, prefix)  # (B,)
+  rows = row_weights(batch, prefix)  # (B,)
   if config.head == "token_classification":
     labels = batch["token_labels"]  # (B, L)
     weights = (labels != IGNORE).astype(jnp.float32) * rows[:, None]
