@@ -50,7 +50,7 @@ setup(
     extras_require={
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
-        "test": ["pytest>=8.0", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
                  # seqeval: the reference the NER entity-F1 metric is tested against.
                  "seqeval>=1.2.2"],
     },
