@@ -136,7 +136,7 @@ class Family(abc.ABC):
   def logits(self, params: Tree, batch: Batch, rng: jax.Array | None = None) -> jax.Array:
     """The network's output on a batch; rng None: no dropout."""
     config = self.config
-    dropout = rng is not None and (config.dropout_rate > 0 or bool(config.classifier_dropout))
+    dropout = rng is not None and config.uses_dropout
     model = self.make_model(enable_dropout=dropout)
     return model.apply({"params": params}, **self.model_inputs(batch),
                        rngs={"dropout": rng} if dropout else None)

@@ -347,7 +347,7 @@ def _run(family: Family, params, batch, rng, intermediates: bool):
   """(outputs, sown intermediates or {}) of a family's network on a batch; rng None: no
   dropout. The hidden states and attention scores are kept only when asked for."""
   config = family.config
-  dropout = rng is not None and (config.dropout_rate > 0 or bool(config.classifier_dropout))
+  dropout = rng is not None and config.uses_dropout
   model = family.make_model(enable_dropout=dropout)
   rngs = {"dropout": rng} if dropout else None
   inputs = family.model_inputs(batch)

@@ -201,7 +201,7 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
   also samples the replacements."""
   config, options = family.config, family.loss
   gen_config = generator_config(config)
-  dropout = rng is not None and config.dropout_rate > 0
+  dropout = rng is not None and config.uses_dropout
   gen_rng, disc_rng, sample_rng = (jax.random.split(rng, 3) if rng is not None
                                    else (None, None, jax.random.key(0)))
   inputs = [batch.get(k) for k in EncoderOnly.INPUTS]

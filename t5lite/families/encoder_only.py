@@ -94,7 +94,7 @@ class EncoderOnlyFamily(Family):
     numbers); the loss is the same as over all positions, whose other weights are 0."""
     if self.config.head:
       return heads.family_loss(self, params, batch, rng)
-    dropout = rng is not None and self.config.dropout_rate > 0
+    dropout = rng is not None and self.config.uses_dropout
     model = self.make_model(enable_dropout=dropout)
     apply = lambda method, *args: model.apply(  # noqa: E731
         {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None)

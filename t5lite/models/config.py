@@ -13,6 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
+from t5lite.models.adapters import AdapterConfig
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 # Gated activations multiply act(x @ wi_0) by (x @ wi_1); the others use one input kernel `wi`.
@@ -168,6 +169,9 @@ class ModelConfig:
   classifier_activation: str = "tanh"
   """Activation of an encoder's first-token classification head without a pooler (RoBERTa's
   head: 'tanh'; ELECTRA's: 'gelu_exact')."""
+  adapter: AdapterConfig | None = None
+  """Parameter-efficient finetuning (t5lite.models.adapters): LoRA branches on the targeted
+  kernels. The PEFT recipe (TrainConfig.peft) sets it; None: the plain network."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -204,6 +208,9 @@ class ModelConfig:
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ConfigError(f"ModelConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
     self._check_head_options()
+    if self.adapter is not None and not isinstance(self.adapter, AdapterConfig):
+      raise ConfigError(f"ModelConfig.adapter must be an AdapterConfig or None, got "
+                        f"{type(self.adapter).__name__}")
 
   def _check_head_options(self):
     for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):
@@ -321,6 +328,12 @@ class ModelConfig:
                         "the pooled first token)")
 
   @property
+  def uses_dropout(self) -> bool:
+    """Whether training applies any dropout (layers, a head's classifier, LoRA's input)."""
+    return (self.dropout_rate > 0 or bool(self.classifier_dropout)
+            or bool(self.adapter and self.adapter.lora_dropout))
+
+  @property
   def kv_heads(self) -> int:
     """Heads of keys and values (num_key_value_heads, or num_heads without grouping)."""
     return self.num_key_value_heads or self.num_heads
@@ -364,7 +377,7 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    return dataclasses.asdict(self)  # the adapter as a nested dict (None without one)
 
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
@@ -372,6 +385,8 @@ class ModelConfig:
     unknown = sorted(set(values) - known)
     if unknown:
       raise ConfigError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
+    if isinstance(values.get("adapter"), dict):
+      values = dict(values, adapter=AdapterConfig.from_dict(values["adapter"]))
     return cls(**values)
 
   def to_json(self) -> str:

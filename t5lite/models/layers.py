@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models.adapters import LORA_A, LORA_B, AdapterConfig
 from t5lite.models.config import ModelConfig
 
 # Activation axes used in constraints on activations.
@@ -40,7 +41,8 @@ class Dense(nn.Module):
 
   Example: in_shape=(512,), out_shape=(8, 64) maps x (B, L, 512) -> (B, L, 8, 64) with a
   (512, 8, 64) kernel whose axes are named e.g. ('embed', 'heads', 'kv'); use_bias adds an
-  (8, 64) bias named by the output axes.
+  (8, 64) bias named by the output axes. An `adapter` that targets this Dense's path adds its
+  LoRA branch (t5lite.models.adapters); its dropout runs when a 'dropout' rng is given.
   """
   in_shape: Sequence[int]
   out_shape: Sequence[int]
@@ -49,6 +51,7 @@ class Dense(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   use_bias: bool = False
+  adapter: AdapterConfig | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -61,7 +64,27 @@ class Dense(nn.Module):
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, out_axes),
                         tuple(self.out_shape), self.param_dtype)
       y = y + bias.astype(self.dtype)
+    if self.adapter is not None and self.adapter.targets(self.path):
+      y = y + self._lora(x).astype(y.dtype)
     return y
+
+  def _lora(self, x: jax.Array) -> jax.Array:
+    """s * B A dropout(x), in float32 (the adapters' dtype, as peft computes it)."""
+    adapter, n = self.adapter, len(self.in_shape)
+    in_axes, out_axes = tuple(self.axes)[:n], tuple(self.axes)[n:]
+    fan_in = math.prod(self.in_shape)
+    # peft: kaiming_uniform(a=sqrt(5)) on A's (r, fan_in) weight = uniform(+-1/sqrt(fan_in)).
+    a_init = nn.initializers.uniform(2.0 / math.sqrt(fan_in))
+    a = self.param(LORA_A, nn.with_logical_partitioning(
+        lambda key, s, d: a_init(key, s, d) - 1.0 / math.sqrt(fan_in), in_axes + (None,)),
+        tuple(self.in_shape) + (adapter.r,), jnp.float32)
+    b = self.param(LORA_B, nn.with_logical_partitioning(nn.initializers.zeros,
+                                                        (None,) + out_axes),
+                   (adapter.r,) + tuple(self.out_shape), jnp.float32)
+    x = x.astype(jnp.float32)
+    if adapter.lora_dropout and self.has_rng("dropout"):
+      x = nn.Dropout(adapter.lora_dropout, deterministic=False)(x)
+    return matmul_2d(matmul_2d(x, a, n), b, 1) * adapter.scale
 
 
 def dense(config: ModelConfig, in_shape: Sequence[int], out_shape: Sequence[int],
@@ -71,7 +94,7 @@ def dense(config: ModelConfig, in_shape: Sequence[int], out_shape: Sequence[int]
   initialization: `stddev` (T5's fan-in scaling), or config.init_std when that is set."""
   return Dense(tuple(in_shape), tuple(out_shape), tuple(axes),
                config.init_std or stddev, config.compute_dtype, config.storage_dtype,
-               config.use_bias if use_bias is None else use_bias, name=name)
+               config.use_bias if use_bias is None else use_bias, config.adapter, name=name)
 
 
 def matmul_2d(x: jax.Array, kernel: jax.Array, n: int, **dot_kwargs) -> jax.Array:

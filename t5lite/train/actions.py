@@ -126,8 +126,9 @@ class Evaluate(Action):
     infer = self.infer_due(loop) if infer is None else infer
     trainer, params = loop.trainer, loop.state.params
     metrics = evaluation.evaluate(trainer, params) if loss else {}
-    if infer:
-      metrics.update(evaluation.infer_evaluate(trainer, params, loop.step, self.evaluators))
+    if infer:  # decoding reads the whole model (a PEFT run's adapters joined to its base)
+      metrics.update(evaluation.infer_evaluate(trainer, trainer.model_params(params), loop.step,
+                                               self.evaluators))
     loop.result.eval_metrics, loop.result.eval_step = metrics, loop.step
     loop.writer.write(loop.step, metrics)
     if metrics:

@@ -9,86 +9,30 @@ whose teacher differs is refused, since the student would learn from another mod
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import functools
 import json
 import os
 from typing import Any
 
-import jax
-import numpy as np
-
-from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.export import hf, limits
+from t5lite.errors import ConfigError
 from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
-from t5lite.models.decoding import to_host
-from t5lite.runtime import model_dir, partitioning
+from t5lite.runtime import frozen_model, model_dir
 
 Tree = Any
 RECORD_FILE = "distillation.json"
 
 
-@dataclasses.dataclass(frozen=True)
-class Teacher:
-  """Where a teacher is: `path` as given (absolute), `hf` whether it is an HF directory (one
-  with a config.json, checked first: `t5lite export hf` may write one inside a MODEL_DIR),
-  else `home` is its MODEL_DIR; the vocabulary, when saved, is in `home`."""
-  path: str
-  home: str
-  hf: bool
-
-
-def locate(path: str | os.PathLike) -> Teacher:
-  """The Teacher at `path`: an HF directory, or a t5lite MODEL_DIR (or a checkpoint of one)."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  hf_config = limits.file_inside(path, "config.json")
-  if hf_config is not None and os.path.isfile(hf_config):
-    return Teacher(path, path, True)
-  try:
-    return Teacher(path, model_dir.model_dir_of(path), False)
-  except FileNotFoundError:
-    raise ConfigFileNotFoundError(
-        f"teacher {path} is neither a t5lite MODEL_DIR (no model_config.json there or two "
-        "folders up) nor an HF model directory (no config.json): name the teacher's run "
-        "folder or its HF export") from None
+Teacher = frozen_model.Located
+locate = functools.partial(frozen_model.locate, role="teacher")
+load = frozen_model.load
+fingerprint = frozen_model.fingerprint
 
 
 def read(options: DistillationConfig) -> tuple[Teacher, ModelConfig, Tree | None]:
-  """(where, config, host params or None) of DistillationConfig's teacher: an HF directory is
-  read whole (its config depends on its weights, e.g. T5's tied output layer), a MODEL_DIR
-  only for its config (load() reads its newest checkpoint straight into its shards). The
-  config's dtypes are teacher_dtype's when set, else the checkpoint's."""
-  where = locate(options.teacher)
-  if where.hf:
-    config, params = hf.load_hf(where.path)
-  else:
-    config, params = model_dir.load_model_config(where.home), None
-  if options.teacher_dtype:
-    config = config.replace(dtype=options.teacher_dtype, param_dtype=options.teacher_dtype)
-  return where, config, params
-
-
-def load(where: Teacher, config: ModelConfig, params: Tree | None, mesh, rules) -> Tree:
-  """The teacher's params in config's storage dtype, placed as the partitioning rules shard
-  its family's params (host params from read(), or its MODEL_DIR's newest checkpoint)."""
-  if params is None:
-    _, params, _ = model_dir.load_params(where.path, mesh, rules)
-  shardings = partitioning.param_shardings(config, mesh, rules)
-  dtype = config.storage_dtype
-  return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
-                 out_shardings=shardings)(params)
-
-
-def fingerprint(params: Tree) -> str:
-  """sha256 over every leaf's path, dtype, shape and bytes: exact (sums miss a swap of two
-  values) and the same whatever mesh the params were loaded on."""
-  digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    array = np.ascontiguousarray(to_host(leaf))  # one leaf on the host at a time
-    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
-    digest.update(array.tobytes())
-  return digest.hexdigest()
+  """(where, config, host params or None) of DistillationConfig's teacher, in its
+  teacher_dtype when set (t5lite.runtime.frozen_model.read)."""
+  return frozen_model.read(options.teacher, options.teacher_dtype, "teacher")
 
 
 def record(options: DistillationConfig, config: ModelConfig, params: Tree) -> dict:

@@ -56,6 +56,8 @@ from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.families import family_of
 from t5lite.families.distillation import Distillation, DistillationConfig
+from t5lite.families.peft import PeftConfig
+from t5lite.models import adapters
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import checkpoint_reader
@@ -64,7 +66,9 @@ from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
+from t5lite.runtime import peft_record
 from t5lite.train import loop as loop_lib
+from t5lite.train import peft_run
 from t5lite.train import teacher as teacher_lib
 from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
@@ -136,6 +140,9 @@ class TrainConfig:
   this; a lease not renewed for this long (its holder on another host died) is taken over."""
   distillation: DistillationConfig | None = None
   """Train the model as a student of a frozen teacher (t5lite.families.distillation)."""
+  peft: PeftConfig | None = None
+  """Train adapters (LoRA) on a frozen base model, the base's params left out of the train
+  state and checkpoints (t5lite.families.peft)."""
 
   def __post_init__(self):
     # Floats, bools and strings pass `< 1`: TRAIN_STEPS=10.5 trained to step 11.
@@ -153,6 +160,14 @@ class TrainConfig:
       raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
     model_dir_lib.check_not_url(self.model_dir)
     model_dir_lib.check_not_url(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
+    if self.peft is not None and self.distillation is not None:
+      raise ConfigError("TrainConfig.peft and TrainConfig.distillation are both set: distil "
+                        "into a plain student, then adapt it (or adapt, merge with `t5lite "
+                        "export hf --merge`, then distil)")
+    if self.peft is not None and self.initial_checkpoint_path:
+      raise ConfigError("TrainConfig.peft names the base the adapters train on "
+                        "(PeftConfig.base); INITIAL_CHECKPOINT_PATH is for full finetuning: "
+                        "unset it")
 
 
 def task_vocabulary(name: str):
@@ -181,16 +196,23 @@ class Trainer:
 
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
-    self.family = family_of(model_config, config.step.loss_options())
-    distill = config.distillation
-    if distill is not None:  # the recipe's loss needs the teacher's shapes first
-      self.teacher, teacher_config, teacher_params = teacher_lib.read(distill)
-      self.family = Distillation.wrap(self.family, distill, teacher_config)
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
     part.check_batch_size(config.batch_size, self.mesh)
     # The slice of each global batch this process computes: the rows its devices hold.
     self.batch_slice = part.process_batch_slice(self.mesh)
     self.rules = part.logical_axis_rules(fsdp=config.fsdp)
+    self.family = family_of(model_config, config.step.loss_options())
+    distill, peft = config.distillation, config.peft
+    if distill is not None:  # the recipe's loss needs the teacher's shapes first
+      self.teacher, teacher_config, teacher_params = teacher_lib.read(distill)
+      self.family = Distillation.wrap(self.family, distill, teacher_config)
+    # A PEFT run's base (like a teacher, the step's fixed_params); its family trains the
+    # adapter half of the adapted model.
+    self.peft = None
+    if peft is not None:
+      self.peft = peft_run.prepare(model_config, peft, config.step.loss_options(), self.mesh,
+                                   self.rules)
+      self.model_config, self.family = self.peft.model_config, self.peft.family
     self.is_primary = jax.process_index() == 0
     self.converter = self.family.converter(pack=config.pack)
     params = self.family.abstract_params()
@@ -211,7 +233,7 @@ class Trainer:
     batch_sharding = part.batch_sharding(self.mesh)
     # A distillation teacher: an argument of every step (the loss's fixed_params), never
     # donated, differentiated or saved.
-    self.fixed_params = None
+    self.fixed_params = None if self.peft is None else self.peft.base
     if distill is not None:
       self.fixed_params = teacher_lib.load(self.teacher, teacher_config, teacher_params,
                                            self.mesh, self.rules)
@@ -228,6 +250,10 @@ class Trainer:
                       in_shardings=(self.param_shardings, batch_sharding, *fixed))
     self.step_fn = with_fixed_params(step_fn, self.fixed_params)
     self.eval_fn = with_fixed_params(eval_fn, self.fixed_params)
+
+  def model_params(self, params: Tree) -> Tree:
+    """The whole model's params of a train state's: a PEFT run's adapters joined to the base."""
+    return params if self.peft is None else adapters.combine(self.fixed_params, params)
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -390,6 +416,7 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
         f"where decoding stops: set ModelConfig.eos_id={eos} to decode this task")
   check_heads(model_config, tasks_of(config.mixture_or_task_name))
   trainer = Trainer(model_config, config, mesh)
+  model_config = trainer.model_config  # a PEFT run's has its adapter
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
   # a collective), before anything is written there.
@@ -398,6 +425,9 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
   if config.distillation is not None:  # the teacher MODEL_DIR's run learns from
     teacher_lib.check_record(config.model_dir, trainer.teacher_record)
     model_dir_lib.check_vocabulary(trainer.teacher.home, vocabulary, "the teacher")
+  if trainer.peft is not None:  # the base the adapters were trained on, and no other
+    peft_record.check_same(config.model_dir, trainer.peft.record)
+    model_dir_lib.check_vocabulary(trainer.peft.where.home, vocabulary, "the PEFT base")
   if not trainer.is_primary:
     log = _silent  # one progress line per job, from process 0
 
@@ -406,6 +436,8 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
       model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
       if config.distillation is not None:
         teacher_lib.write_record(config.model_dir, trainer.teacher_record)
+      if trainer.peft is not None:
+        peft_record.write(config.model_dir, trainer.peft.record)
 
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
   with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm, \

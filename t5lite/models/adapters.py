@@ -1,0 +1,125 @@
+"""Parameter-efficient adapters inside the network: LoRA's low-rank branch on chosen kernels.
+
+    ModelConfig.adapter = AdapterConfig(method="lora", r=8, lora_alpha=16,
+                                        target_modules=("query", "value"))
+
+A targeted Dense computes `W x + s * B(A(dropout(x)))` with `s = lora_alpha / r` (rsLoRA:
+`lora_alpha / sqrt(r)`), as the peft library does. Its params sit beside the kernel:
+
+    .../attention/query/kernel   (D, H, K)   the frozen base weight
+    .../attention/query/lora_a   (D, r)      uniform(+-1/sqrt(fan_in)): peft's kaiming_uniform(a=sqrt(5))
+    .../attention/query/lora_b   (r, H, K)   zeros, so an untrained adapter is the base model
+
+A and B are stored in float32 whatever the base's param_dtype (a bf16 base trains fp32
+adapters), carry the kernel's logical axes on their input and output sides (the rank axis is
+replicated), and stack on the layer axis under nn.scan like any param.
+
+Which kernels: `target_modules` holds patterns over Dense paths ('encoder/layers_0/attention/
+query'); a pattern matches a path that ends with it at a '/' boundary, with fnmatch wildcards
+('query' matches every query projection, 'self_attention/query' only the decoder's self-
+attention, 'layers_[01]/*/query' two layers). 'all-linear' takes every Dense of the layers
+(attention q/k/v/out and the MLP), as peft's does: not the output or finetuning heads.
+
+Training only the adapters (the base frozen and left out of checkpoints), peft interchange and
+merging are the PEFT recipe's (t5lite.families.peft).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+from typing import Any
+
+from flax import traverse_util
+
+from t5lite.errors import ConfigError
+
+Tree = Any
+
+METHODS = ("lora",)
+ALL_LINEAR = "all-linear"
+LAYER_MODULES = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
+"""The Dense names of attention and MLP blocks: what 'all-linear' takes."""
+LORA_A, LORA_B = "lora_a", "lora_b"
+ADAPTER_LEAVES = (LORA_A, LORA_B)
+"""Param names that belong to an adapter, not to the base model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterConfig:
+  """An adapter's shape and scaling (module docstring); peft's LoraConfig names."""
+
+  method: str = "lora"
+  """'lora' (a low-rank update of chosen kernels)."""
+  r: int = 8
+  """LoRA's rank."""
+  lora_alpha: float = 8.0
+  """LoRA's scale numerator: the update is scaled by lora_alpha / r (or / sqrt(r))."""
+  lora_dropout: float = 0.0
+  """Dropout on the LoRA branch's input (training only)."""
+  use_rslora: bool = False
+  """rsLoRA: scale by lora_alpha / sqrt(r), which keeps high ranks learning."""
+  target_modules: tuple[str, ...] = ("query", "value")
+  """Patterns over Dense paths (module docstring), or ('all-linear',)."""
+
+  def __post_init__(self):
+    object.__setattr__(self, "target_modules", tuple(self.target_modules))
+    if self.method not in METHODS:
+      raise ConfigError(f"AdapterConfig.method={self.method!r} is not one of {METHODS}")
+    if self.r < 1:
+      raise ConfigError(f"AdapterConfig.r (LoRA's rank) must be >= 1, got {self.r}")
+    if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
+      raise ConfigError(f"AdapterConfig.lora_alpha must be > 0, got {self.lora_alpha}")
+    if not 0.0 <= self.lora_dropout < 1.0:
+      raise ConfigError(f"AdapterConfig.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+    if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
+      raise ConfigError("AdapterConfig.target_modules needs at least one module pattern, e.g. "
+                        f"('query', 'value') or ('{ALL_LINEAR}',); got {self.target_modules!r}")
+
+  @property
+  def scale(self) -> float:
+    """What B A x is multiplied by."""
+    return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+
+  def targets(self, path: tuple[str, ...]) -> bool:
+    """Whether the Dense at `path` (module names from the model's root) gets a LoRA branch."""
+    joined = "/".join(path)
+    for pattern in self.target_modules:
+      if pattern == ALL_LINEAR:
+        if path and path[-1] in LAYER_MODULES:
+          return True
+      elif fnmatch.fnmatchcase(joined, pattern) or fnmatch.fnmatchcase(joined, "*/" + pattern):
+        return True
+    return False
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, values: dict) -> "AdapterConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ConfigError(f"unknown AdapterConfig fields {unknown}; known fields: {sorted(known)}")
+    return cls(**values)
+
+
+def is_adapter_path(path: tuple[str, ...]) -> bool:
+  """Whether a param path (keys from the params root) is an adapter's."""
+  return bool(path) and path[-1] in ADAPTER_LEAVES
+
+
+def split(params: Tree, also: tuple[tuple[str, ...], ...] = ()) -> tuple[Tree, Tree]:
+  """(base, adapter) halves of a params tree: the adapter's leaves, and whole subtrees under
+  the path prefixes `also` (peft's modules_to_save: a finetuning head), go to the adapter."""
+  flat = traverse_util.flatten_dict(params)
+  mine = lambda path: is_adapter_path(path) or any(  # noqa: E731
+      path[:len(prefix)] == prefix for prefix in also)
+  return (traverse_util.unflatten_dict({k: v for k, v in flat.items() if not mine(k)}),
+          traverse_util.unflatten_dict({k: v for k, v in flat.items() if mine(k)}))
+
+
+def combine(base: Tree, adapter: Tree) -> Tree:
+  """The whole params tree of split's halves."""
+  return traverse_util.unflatten_dict({**traverse_util.flatten_dict(base),
+                                       **traverse_util.flatten_dict(adapter)})

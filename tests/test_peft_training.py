@@ -1,0 +1,143 @@
+"""PEFT runs through the trainer (t5lite.families.peft): only the adapters train, only they are
+stored, the base is bitwise unchanged and named by fingerprint, and resume is exact."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import train_tasks  # noqa: F401 (registers train_test_copy)
+from helpers import BYTE_VOCAB_SIZE, quiet, train_config
+from helpers import tiny as _tiny
+from t5lite.errors import ConfigError
+from t5lite.export import params_only
+from t5lite.families import family_of
+from t5lite.families.peft import PeftConfig
+from t5lite.models import adapters
+from t5lite.models.adapters import AdapterConfig
+from t5lite.runtime import model_dir as model_dir_lib
+from t5lite.runtime import peft_record
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.schedules import ScheduleConfig
+from t5lite.train.trainer import Trainer, train
+
+
+
+def tiny(**changes):
+  return _tiny(vocab_size=BYTE_VOCAB_SIZE, **changes)
+
+
+LORA = AdapterConfig(r=4, lora_alpha=8, target_modules=("query", "value"))
+
+
+def write_base(path, config, seed=0):
+  params = family_of(config).init_params(seed)
+  params_only.write_model_dir(str(path), config, params, step=0, vocabulary=None)
+  return jax.device_get(params)
+
+
+def options(base, **changes):
+  return PeftConfig(base=str(base), **{"adapter": LORA, **changes})
+
+
+def run(model_dir, model, peft, steps=4, **changes):
+  optimizer = OptimizerConfig(name="adamw", schedule=ScheduleConfig("constant", 1e-2,
+                                                                    warmup_steps=0))
+  return train(model, train_config(str(model_dir), train_steps=steps, log_period=2,
+                                   optimizer=optimizer, peft=peft, **changes), log=quiet)
+
+
+def leaves(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))}
+
+
+def test_the_train_state_holds_only_the_adapters(tmp_path):
+  config = tiny()
+  write_base(tmp_path / "base", config)
+  trainer = Trainer(config, train_config(str(tmp_path / "run"), peft=options(tmp_path / "base")))
+  params = leaves(trainer.abstract_params)
+  assert params and all(k.endswith(("['lora_a']", "['lora_b']")) for k in params)
+  # Optimizer state: AdamW's two moments of the adapters, nothing for the base.
+  opt_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trainer.abstract_state.opt_state))
+  adapter_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trainer.abstract_params))
+  assert opt_bytes <= 2 * adapter_bytes + 64
+  full = Trainer(config, train_config(str(tmp_path / "full")))
+  full_opt = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(full.abstract_state.opt_state))
+  assert opt_bytes * 10 < full_opt
+  assert trainer.model_config.adapter == LORA
+
+
+@pytest.mark.slow
+def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(tmp_path):
+  config = tiny()
+  base = write_base(tmp_path / "base", config)
+  result = run(tmp_path / "run", config, options(tmp_path / "base"), steps=4)
+  assert result.step == 4
+  # The checkpoint holds the adapters only; peft.json names the base by fingerprint.
+  record = peft_record.read(tmp_path / "run")
+  assert record["base"] == str(tmp_path / "base") and len(record["base_fingerprint"]) == 64
+  from t5lite.runtime import checkpoint_reader
+  saved = checkpoint_reader.saved_param_shapes(str(tmp_path / "run"))
+  assert saved and all(k.endswith(("['lora_a']", "['lora_b']")) for k in saved)
+  # load_params joins them to the untouched base.
+  loaded_config, params, step = model_dir_lib.load_params(str(tmp_path / "run"))
+  assert loaded_config.adapter == LORA and step == 4
+  base_half, adapter_half = adapters.split(jax.device_get(params))
+  for k, v in leaves(base).items():
+    np.testing.assert_array_equal(leaves(base_half)[k], v)
+  assert any(np.abs(v).max() > 0 for k, v in leaves(adapter_half).items() if "lora_b" in k)
+  losses = [json.loads(l)["loss"] for l in open(tmp_path / "run" / "metrics.jsonl")
+            if '"loss"' in l]
+  assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_a_stopped_and_resumed_lora_run_equals_one_run_bitwise(tmp_path):
+  config = tiny()
+  write_base(tmp_path / "base", config)
+  run(tmp_path / "once", config, options(tmp_path / "base"), steps=4)
+  run(tmp_path / "twice", config, options(tmp_path / "base"), steps=2,
+      checkpoint=_every(2))
+  run(tmp_path / "twice", config, options(tmp_path / "base"), steps=4)
+  a = leaves(model_dir_lib.load_params(str(tmp_path / "once"))[1])
+  b = leaves(model_dir_lib.load_params(str(tmp_path / "twice"))[1])
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+
+
+def _every(period):
+  from t5lite.runtime.checkpoints import CheckpointConfig
+  return CheckpointConfig(period=period)
+
+
+def test_a_changed_base_is_refused_by_fingerprint(tmp_path):
+  config = tiny()
+  write_base(tmp_path / "base", config)
+  run(tmp_path / "run", config, options(tmp_path / "base"), steps=1)
+  import shutil
+  shutil.rmtree(tmp_path / "base")
+  write_base(tmp_path / "base", config, seed=1)
+  with pytest.raises(ConfigError, match="fingerprint"):
+    model_dir_lib.load_params(str(tmp_path / "run"))
+  with pytest.raises(ConfigError, match="another base fingerprint"):
+    run(tmp_path / "run", config, options(tmp_path / "base"), steps=2)
+
+
+@pytest.mark.parametrize("adapter, message", [
+    (AdapterConfig(target_modules=("qkv",)), "'qkv' matches no kernel"),
+    (AdapterConfig(r=40, target_modules=("wo",)), "r=40 is larger than .*wo's smaller side"),
+])
+def test_bad_targets_are_refused_with_names_and_numbers(adapter, message, tmp_path):
+  config = tiny()
+  write_base(tmp_path / "base", config)
+  with pytest.raises(ConfigError, match=message):
+    Trainer(config, train_config(str(tmp_path / "run"),
+                                 peft=options(tmp_path / "base", adapter=adapter)))
+
+
+def test_a_base_of_another_model_is_refused(tmp_path):
+  write_base(tmp_path / "base", tiny())
+  with pytest.raises(ConfigError, match="d_ff: base 64, run 48"):
+    Trainer(tiny(d_ff=48), train_config(str(tmp_path / "run"), peft=options(tmp_path / "base")))
