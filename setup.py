@@ -52,7 +52,9 @@ setup(
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
                  # seqeval: the reference the NER entity-F1 metric is tested against.
-                 "seqeval>=1.2.2"],
+                 "seqeval>=1.2.2",
+                 # peft: the reference PEFT adapters (LoRA, prompt, prefix) are exchanged with.
+                 "peft>=0.21"],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:console_main"]},
 )

@@ -1,6 +1,8 @@
-"""`t5lite export hf | params | serving`: a t5lite checkpoint out to other formats.
+"""`t5lite export hf | peft | params | serving | student`: checkpoints out to other formats.
 
   t5lite export hf --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--max_shard_size 5GB]
+                   [--merge]   (a LoRA run: its adapters folded into the weights)
+  t5lite export peft --checkpoint RUN_DIR --out DIR   (a LoRA run's adapters, for the peft library)
   t5lite export params --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--dtype bfloat16]
   t5lite export serving --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR   (see --help)
   t5lite export student --checkpoint TEACHER --out DIR [--layers 0,2,4,7,9,11]
@@ -17,12 +19,16 @@ import re
 import sys
 import warnings
 
+from t5lite.errors import ConfigError
+
 FORMATS = {
     "hf": "HF transformers: config.json, model.safetensors and tokenizer files (ELECTRA: one "
           "directory per network)",
     "params": "a params-only MODEL_DIR (no optimizer or data state), optionally cast to bf16",
     "serving": "a jax.export artifact (encode + decode) with params and vocabulary",
     "student": "a distillation student MODEL_DIR made of a teacher's layers (DistilBERT's init)",
+    "peft": "a LoRA run's adapters as a peft library adapter directory (adapter_config.json + "
+            "adapter_model.safetensors), for PeftModel.from_pretrained on the HF base",
 }
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -39,7 +45,9 @@ def main(argv: list[str]) -> int:
   _check_empty(args.out)
   if fmt == "hf":
     summary = export_hf(args.checkpoint, args.out, max_shard_bytes=args.max_shard_size,
-                        dtype=args.dtype)
+                        dtype=args.dtype, merge=args.merge)
+  elif fmt == "peft":
+    summary = export_peft(args.checkpoint, args.out)
   elif fmt == "student":
     summary = export_student(args.checkpoint, args.out, layers=args.layers,
                              keep_token_types=args.keep_token_types,
@@ -59,13 +67,22 @@ def usage(doc: str, formats: dict[str, str], argv: list[str]) -> int:
 
 
 def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
-              dtype: str | None = None) -> dict:
+              dtype: str | None = None, merge: bool = False) -> dict:
   """An HF directory from a t5lite checkpoint: weights, config and tokenizer files. A model
   of several networks (ELECTRA's generator and discriminator) gives one directory each,
-  out/<network name>."""
-  from t5lite.export import hf, hf_tokenizer, params_only
+  out/<network name>. A LoRA model exports with merge only: its adapters folded into the
+  kernels (t5lite.export.peft_format.merge)."""
+  from t5lite.export import hf, hf_tokenizer, params_only, peft_format
   from t5lite.families import family_of
   config, params, step, vocabulary = _load(checkpoint)
+  merged = config.adapter is not None
+  if merged:
+    if not merge:
+      raise ConfigError(f"{checkpoint} is a LoRA model (r={config.adapter.r}, target_modules="
+                        f"{list(config.adapter.target_modules)}): HF's model has no LoRA. "
+                        "Use `t5lite export hf --merge` for the base with the adapters folded "
+                        "in, or `t5lite export peft` for the adapters as a peft directory")
+    config, params = peft_format.merge(config, params)
   params = params_only.cast_params(params, dtype)
   files = []
   for name, net_config, net_params in family_of(config).networks(params):
@@ -74,7 +91,31 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
     if vocabulary is not None:
       written += hf_tokenizer.write_hf_tokenizer(vocabulary, path)
     files += [os.path.join(name, f) if name else f for f in written]
-  return {"export": "hf", "step": step, "out": os.path.abspath(out), "files": sorted(files)}
+  return {"export": "hf", "step": step, "out": os.path.abspath(out), "files": sorted(files),
+          "merged_lora": merged}
+
+
+def export_peft(checkpoint: str, out: str) -> dict:
+  """The adapters of a LoRA run (a PEFT run's RUN_DIR, or any MODEL_DIR of an adapted model)
+  as a peft adapter directory; the saved modules (a new head) as peft's modules_to_save."""
+  import jax
+
+  from t5lite.export import peft_format
+  from t5lite.runtime import model_dir, peft_record
+  config, params, step = model_dir.load_params(checkpoint)
+  if config.adapter is None:
+    raise ConfigError(f"{checkpoint} holds no adapters (its model config has adapter=None): "
+                      "`export peft` writes a LoRA run's adapters; `t5lite export hf` exports "
+                      "this model")
+  record = peft_record.read(model_dir.model_dir_of(checkpoint)) or {}
+  base = record.get("base", "")
+  hf_base = bool(base) and os.path.isfile(os.path.join(base, "config.json"))  # peft can load it
+  files = peft_format.save_peft(config, jax.device_get(params), out,
+                                base_name_or_path=base if hf_base else "",
+                                saved_modules=peft_record.saved_prefixes(record))
+  return {"export": "peft", "step": step, "out": os.path.abspath(out), "files": files,
+          "r": config.adapter.r, "target_modules": list(config.adapter.target_modules),
+          "saved_modules": record.get("saved_modules", [])}
 
 
 def export_params(checkpoint: str, out: str, *, dtype: str | None = None) -> dict:
@@ -154,8 +195,9 @@ def _parser(fmt: str) -> argparse.ArgumentParser:
   parser.add_argument("--checkpoint", required=True,
                       help="a MODEL_DIR (its newest step) or MODEL_DIR/checkpoints/STEP")
   parser.add_argument("--out", required=True, help="a new or empty folder")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                      help="cast the weights (default: keep the checkpoint's dtype)")
+  if fmt != "peft":  # adapters stay float32, as peft keeps them
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="cast the weights (default: keep the checkpoint's dtype)")
   if fmt == "student":
     parser.add_argument("--layers", default="0,2,4,7,9,11",
                         help="the teacher's layers the student keeps, in order (default: "
@@ -168,4 +210,7 @@ def _parser(fmt: str) -> argparse.ArgumentParser:
     parser.add_argument("--max_shard_size", type=_size, default=_size("5GB"),
                         help="split model.safetensors into shards of at most this size "
                         "(default 5GB, as transformers)")
+    parser.add_argument("--merge", action="store_true",
+                        help="a LoRA model: fold its adapters into the kernels (kernel += "
+                        "scale * A B) and export the plain model")
   return parser

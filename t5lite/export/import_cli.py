@@ -1,7 +1,8 @@
-"""`t5lite import hf | t5x`: checkpoints from elsewhere into a params-only t5lite MODEL_DIR.
+"""`t5lite import hf | t5x | peft`: checkpoints from elsewhere into a params-only t5lite MODEL_DIR.
 
   t5lite import hf --from DIR --out MODEL_DIR [--dtype bfloat16] [--max_params N]
   t5lite import t5x --from DIR --out MODEL_DIR   (see --help)
+  t5lite import peft --from ADAPTER_DIR --base MODEL_DIR --out RUN_DIR
 
 Checkpoints are untrusted input: the sizes they claim are checked against their files and
 the import ceiling (--max_params, else T5LITE_MAX_IMPORT_PARAMS, else 10**11 parameters; see
@@ -27,6 +28,8 @@ FORMATS = {
     "hf": ("an HF transformers directory (T5, BERT, RoBERTa, ALBERT, GPT-2, LLaMA; safetensors, "
            "or a T5 .bin through weights_only loading)"),
     "t5x": "a T5X checkpoint (msgpack + tensorstore, or T5X's orbax layout)",
+    "peft": ("a peft library LoRA adapter directory onto its base (a t5lite MODEL_DIR, or an HF "
+             "directory): a LoRA run's RUN_DIR that eval, infer, export and training read"),
 }
 
 
@@ -38,6 +41,8 @@ def main(argv: list[str]) -> int:
   if fmt == "t5x":
     from t5lite.export import t5x
     return t5x.main(rest)
+  if fmt == "peft":
+    return _main_peft(rest)
   parser = argparse.ArgumentParser(prog="t5lite import hf", description=FORMATS["hf"])
   parser.add_argument("--from", dest="source", required=True, help="the HF model directory")
   parser.add_argument("--out", required=True, help="the new t5lite MODEL_DIR")
@@ -66,6 +71,56 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
   return {"import": "hf", "from": os.path.abspath(source), "out": os.path.abspath(out),
           "checkpoint": path, "param_dtype": config.param_dtype,
           "vocabulary": repr(vocabulary) if vocabulary else None}
+
+
+def _main_peft(rest: list[str]) -> int:
+  parser = argparse.ArgumentParser(prog="t5lite import peft", description=FORMATS["peft"])
+  parser.add_argument("--from", dest="source", required=True,
+                      help="the peft adapter directory (adapter_config.json, "
+                      "adapter_model.safetensors)")
+  parser.add_argument("--base", required=True,
+                      help="the model it adapts: a t5lite MODEL_DIR (e.g. from `t5lite import "
+                      "hf`) or an HF directory")
+  parser.add_argument("--out", required=True, help="the new RUN_DIR (a new or empty folder)")
+  args = parser.parse_args(rest)
+  print(json.dumps(import_peft(args.source, args.base, args.out)))
+  return 0
+
+
+def import_peft(source: str, base: str, out: str) -> dict:
+  """A LoRA run's RUN_DIR from a peft adapter directory: the adapter half (LoRA and saved
+  modules) as a params-only checkpoint at step 0, the adapted model config, and peft.json
+  naming the base with the fingerprint of its params as read
+  (t5lite.runtime.peft_record)."""
+  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.export import params_only, peft_format
+  from t5lite.export.export_cli import _check_empty
+  from t5lite.runtime import frozen_model, partitioning, peft_record
+  _check_empty(out)
+  where, base_config, host = frozen_model.read(base, role="base")
+  if base_config.adapter is not None:
+    raise ConfigError(f"--base {base} is itself a LoRA model (its model config has an "
+                      "adapter): name the plain model it adapts (its peft.json's 'base')")
+  adapter, adapter_params, saved = peft_format.load_peft(source, base_config)
+  # Read as peft_record.load_params reads it, so that the fingerprints agree.
+  mesh = partitioning.make_mesh(partitioning.MeshConfig())
+  base_params = frozen_model.load(where, base_config, host, mesh,
+                                  partitioning.logical_axis_rules())
+  if where.hf:
+    vocabulary = hf_vocabulary(where.path)
+  else:
+    try:
+      vocabulary = load_vocabulary(where.home)
+    except FileNotFoundError:
+      vocabulary = None
+  config = base_config.replace(adapter=adapter)
+  path = params_only.write_model_dir(out, config, adapter_params, step=0, vocabulary=vocabulary)
+  peft_record.write(out, peft_record.make(where.path, base_config, base_params, adapter, saved))
+  return {"import": "peft", "from": os.path.abspath(source), "base": where.path,
+          "out": os.path.abspath(out), "checkpoint": path, "r": adapter.r,
+          "lora_alpha": adapter.lora_alpha, "use_rslora": adapter.use_rslora,
+          "target_modules": list(adapter.target_modules),
+          "saved_modules": ["/".join(p) for p in saved]}
 
 
 def hf_vocabulary(source: str):

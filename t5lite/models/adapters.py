@@ -30,27 +30,32 @@ import fnmatch
 import math
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from flax import traverse_util
 
 from t5lite.errors import ConfigError
 
 Tree = Any
 
-METHODS = ("lora",)
+METHODS = ("lora", "prompt_tuning", "prefix_tuning")
 ALL_LINEAR = "all-linear"
 LAYER_MODULES = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 """The Dense names of attention and MLP blocks: what 'all-linear' takes."""
 LORA_A, LORA_B = "lora_a", "lora_b"
-ADAPTER_LEAVES = (LORA_A, LORA_B)
+PROMPT = "prompt_embeddings"
+PREFIX_KEY, PREFIX_VALUE = "prefix_key", "prefix_value"
+ADAPTER_LEAVES = (LORA_A, LORA_B, PROMPT, PREFIX_KEY, PREFIX_VALUE)
 """Param names that belong to an adapter, not to the base model."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AdapterConfig:
-  """An adapter's shape and scaling (module docstring); peft's LoraConfig names."""
+  """An adapter's kind, shape and scaling (module docstring); peft's config names."""
 
   method: str = "lora"
-  """'lora' (a low-rank update of chosen kernels)."""
+  """'lora' (a low-rank update of chosen kernels), 'prompt_tuning' (soft tokens before the
+  input) or 'prefix_tuning' (trained keys and values before every attention's own)."""
   r: int = 8
   """LoRA's rank."""
   lora_alpha: float = 8.0
@@ -60,12 +65,29 @@ class AdapterConfig:
   use_rslora: bool = False
   """rsLoRA: scale by lora_alpha / sqrt(r), which keeps high ranks learning."""
   target_modules: tuple[str, ...] = ("query", "value")
-  """Patterns over Dense paths (module docstring), or ('all-linear',)."""
+  """LoRA: patterns over Dense paths (module docstring), or ('all-linear',)."""
+  num_virtual_tokens: int = 20
+  """Prompt and prefix tuning: soft tokens (prompt) or key/value slots (prefix)."""
+  prefix_projection: bool = False
+  """Prefix tuning: train the prefixes through an MLP over a small embedding (Li and Liang's
+  reparameterization, peft's prefix_projection); the prefixes it gives are what is stored."""
+  encoder_hidden_size: int = 0
+  """The prefix MLP's hidden width (0: d_model)."""
 
   def __post_init__(self):
     object.__setattr__(self, "target_modules", tuple(self.target_modules))
     if self.method not in METHODS:
       raise ConfigError(f"AdapterConfig.method={self.method!r} is not one of {METHODS}")
+    if self.method == "lora":
+      self._check_lora()
+    elif self.num_virtual_tokens < 1:
+      raise ConfigError(f"AdapterConfig.num_virtual_tokens must be >= 1 for {self.method}, got "
+                        f"{self.num_virtual_tokens}")
+    if self.encoder_hidden_size < 0:
+      raise ConfigError("AdapterConfig.encoder_hidden_size must be >= 0 (0: d_model), got "
+                        f"{self.encoder_hidden_size}")
+
+  def _check_lora(self):
     if self.r < 1:
       raise ConfigError(f"AdapterConfig.r (LoRA's rank) must be >= 1, got {self.r}")
     if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
@@ -81,8 +103,15 @@ class AdapterConfig:
     """What B A x is multiplied by."""
     return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
+  @property
+  def virtual_tokens(self) -> int:
+    """Positions the adapter puts before a stack's tokens (prompt or prefix); 0 for LoRA."""
+    return 0 if self.method == "lora" else self.num_virtual_tokens
+
   def targets(self, path: tuple[str, ...]) -> bool:
     """Whether the Dense at `path` (module names from the model's root) gets a LoRA branch."""
+    if self.method != "lora":
+      return False
     joined = "/".join(path)
     for pattern in self.target_modules:
       if pattern == ALL_LINEAR:
@@ -102,6 +131,50 @@ class AdapterConfig:
     if unknown:
       raise ConfigError(f"unknown AdapterConfig fields {unknown}; known fields: {sorted(known)}")
     return cls(**values)
+
+
+def virtual_tokens(config) -> int:
+  """Positions a model config's adapter puts before each stack's tokens (0 without one)."""
+  return config.adapter.virtual_tokens if config.adapter is not None else 0
+
+
+def prompt_tokens(config, input_stack: bool = True) -> int:
+  """Soft prompt positions before a stack's tokens: the input stack's (the encoder, or a
+  decoder-only model's decoder) under prompt tuning, else 0."""
+  adapter = config.adapter
+  if adapter is None or adapter.method != "prompt_tuning" or not input_stack:
+    return 0
+  return adapter.num_virtual_tokens
+
+
+def prefix_slots(config) -> int:
+  """Trained key/value slots before every attention's own (prefix tuning), else 0."""
+  adapter = config.adapter
+  return adapter.num_virtual_tokens if adapter is not None and adapter.method == (
+      "prefix_tuning") else 0
+
+
+def position_shift(config, input_stack: bool = True) -> int:
+  """How far a stack's token positions move: past its soft prompt or its prefix (HF and peft
+  number a prompt's or a past's positions first, so learned and rotary positions shift)."""
+  return prompt_tokens(config, input_stack) or prefix_slots(config)
+
+
+def rows_of(param: jax.Array, rows: int, unbatched_ndim: int) -> jax.Array:
+  """An adapter param broadcast to `rows` rows: one adapter for all, or one per row (a leading
+  axis) repeated for the `rows // per-row` consecutive copies of each (beam search)."""
+  if param.ndim == unbatched_ndim:
+    return jnp.broadcast_to(param, (rows,) + param.shape)
+  return jnp.repeat(param, rows // param.shape[0], axis=0)
+
+
+def adapter_param(module, name: str, init, shape: tuple[int, ...]):
+  """An adapter's float32 param, created at init; when applied it may carry a leading batch
+  axis (one adapter per row: t5lite.peft's mixed batches), which self.param's shape check
+  would refuse, so it is read as it is given."""
+  if module.is_initializing() or not module.has_variable("params", name):
+    return module.param(name, init, shape, jnp.float32)
+  return module.get_variable("params", name)
 
 
 def is_adapter_path(path: tuple[str, ...]) -> bool:

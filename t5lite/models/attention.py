@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import dense
 from t5lite.models.positions import apply_rope
@@ -139,6 +140,8 @@ class MultiHeadAttention(nn.Module):
     elif self.cache == "cross" and not cross_cached:
       self.put_variable("cache", "cached_key", key)
       self.put_variable("cache", "cached_value", value)
+    if adapters.prefix_slots(cfg):  # prefix tuning: trained keys and values before these
+      key, value, bias = self._with_prefix(key, value, bias, kv_axes)
     # Beam search: x_q may hold `fold` beams per x_kv row; they share the encoder's K/V.
     fold = query.shape[0] // key.shape[0] if self.cache == "cross" else 1
     if fold > 1:
@@ -156,6 +159,20 @@ class MultiHeadAttention(nn.Module):
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
     return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
                  "out")(out)  # (B, Q, D)
+
+  def _with_prefix(self, key, value, bias, axes):
+    """Prefix tuning's n trained keys and values (n, kv heads, K) before key and value (B, S,
+    kv heads, K), seen by every query: no position (no rotation, no relative bias), as
+    peft's past key values. The bias gets n zero columns in front."""
+    n, (_, kvh, k) = adapters.prefix_slots(self.config), key.shape[1:]
+    init = nn.with_logical_partitioning(nn.initializers.normal(1.0), (None,) + tuple(axes[1:]))
+    out = []
+    for name, states in ((adapters.PREFIX_KEY, key), (adapters.PREFIX_VALUE, value)):
+      prefix = adapters.adapter_param(self, name, init, (n, kvh, k))
+      prefix = adapters.rows_of(prefix.astype(states.dtype), states.shape[0], 3)
+      out.append(jnp.concatenate([prefix, states], axis=1))
+    bias = jnp.pad(bias, ((0, 0),) * (bias.ndim - 1) + ((n, 0),))
+    return out[0], out[1], bias
 
   def _append_to_cache(self, key, value, positions):
     """Writes key/value (B, Q, H, K) at slots positions[b, 0] .. + Q - 1 of each row's cache

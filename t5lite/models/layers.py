@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5lite.models.adapters import LORA_A, LORA_B, AdapterConfig
+from t5lite.models.adapters import LORA_A, LORA_B, AdapterConfig, adapter_param
 from t5lite.models.config import ModelConfig
 
 # Activation axes used in constraints on activations.
@@ -69,22 +69,29 @@ class Dense(nn.Module):
     return y
 
   def _lora(self, x: jax.Array) -> jax.Array:
-    """s * B A dropout(x), in float32 (the adapters' dtype, as peft computes it)."""
+    """s * B A dropout(x), in float32 (the adapters' dtype, as peft computes it). A and B may
+    carry a leading row axis (one adapter per row of x, or per `copies` consecutive rows)."""
     adapter, n = self.adapter, len(self.in_shape)
     in_axes, out_axes = tuple(self.axes)[:n], tuple(self.axes)[n:]
     fan_in = math.prod(self.in_shape)
-    # peft: kaiming_uniform(a=sqrt(5)) on A's (r, fan_in) weight = uniform(+-1/sqrt(fan_in)).
-    a_init = nn.initializers.uniform(2.0 / math.sqrt(fan_in))
-    a = self.param(LORA_A, nn.with_logical_partitioning(
-        lambda key, s, d: a_init(key, s, d) - 1.0 / math.sqrt(fan_in), in_axes + (None,)),
-        tuple(self.in_shape) + (adapter.r,), jnp.float32)
-    b = self.param(LORA_B, nn.with_logical_partitioning(nn.initializers.zeros,
-                                                        (None,) + out_axes),
-                   (adapter.r,) + tuple(self.out_shape), jnp.float32)
+    bound = 1.0 / math.sqrt(fan_in)  # peft: kaiming_uniform(a=sqrt(5)) on A's (r, fan_in)
+    a_init = lambda key, shape, dtype: jax.random.uniform(  # noqa: E731
+        key, shape, dtype, -bound, bound)
+    a = adapter_param(self, LORA_A, nn.with_logical_partitioning(a_init, in_axes + (None,)),
+                      tuple(self.in_shape) + (adapter.r,))
+    b = adapter_param(self, LORA_B, nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                  (None,) + out_axes),
+                      (adapter.r,) + tuple(self.out_shape))
     x = x.astype(jnp.float32)
     if adapter.lora_dropout and self.has_rng("dropout"):
       x = nn.Dropout(adapter.lora_dropout, deterministic=False)(x)
-    return matmul_2d(matmul_2d(x, a, n), b, 1) * adapter.scale
+    if a.ndim == n + 1:
+      return matmul_2d(matmul_2d(x, a, n), b, 1) * adapter.scale
+    rows = a.shape[0]  # one adapter per row: x (rows * copies, ..., in) -> (rows, -1, fan_in)
+    xs = x.reshape(rows, -1, fan_in)
+    h = jnp.einsum("bti,bir->btr", xs, a.reshape(rows, fan_in, adapter.r))
+    y = jnp.einsum("btr,bro->bto", h, b.reshape(rows, adapter.r, -1))
+    return y.reshape(*x.shape[:x.ndim - n], *self.out_shape) * adapter.scale
 
 
 def dense(config: ModelConfig, in_shape: Sequence[int], out_shape: Sequence[int],
