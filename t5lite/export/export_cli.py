@@ -2,7 +2,7 @@
 
   t5lite export hf --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--max_shard_size 5GB]
                    [--merge]   (a LoRA run: its adapters folded into the weights)
-  t5lite export peft --checkpoint RUN_DIR --out DIR   (a LoRA run's adapters, for the peft library)
+  t5lite export peft --checkpoint RUN_DIR --out DIR   (a PEFT run's adapter, for the peft library)
   t5lite export params --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR [--dtype bfloat16]
   t5lite export serving --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR   (see --help)
   t5lite export student --checkpoint TEACHER --out DIR [--layers 0,2,4,7,9,11]
@@ -27,8 +27,9 @@ FORMATS = {
     "params": "a params-only MODEL_DIR (no optimizer or data state), optionally cast to bf16",
     "serving": "a jax.export artifact (encode + decode) with params and vocabulary",
     "student": "a distillation student MODEL_DIR made of a teacher's layers (DistilBERT's init)",
-    "peft": "a LoRA run's adapters as a peft library adapter directory (adapter_config.json + "
-            "adapter_model.safetensors), for PeftModel.from_pretrained on the HF base",
+    "peft": "a PEFT run's adapter (LoRA, prompt or prefix tuning) as a peft library "
+            "directory (adapter_config.json + adapter_model.safetensors), for "
+            "PeftModel.from_pretrained on the HF base",
 }
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -77,12 +78,13 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
   config, params, step, vocabulary = _load(checkpoint)
   merged = config.adapter is not None
   if merged:
-    if not merge:
+    if config.adapter.method != "lora" or merge:
+      config, params = peft_format.merge(config, params)  # refuses prompts and prefixes
+    else:
       raise ConfigError(f"{checkpoint} is a LoRA model (r={config.adapter.r}, target_modules="
                         f"{list(config.adapter.target_modules)}): HF's model has no LoRA. "
                         "Use `t5lite export hf --merge` for the base with the adapters folded "
                         "in, or `t5lite export peft` for the adapters as a peft directory")
-    config, params = peft_format.merge(config, params)
   params = params_only.cast_params(params, dtype)
   files = []
   for name, net_config, net_params in family_of(config).networks(params):
@@ -96,25 +98,29 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
 
 
 def export_peft(checkpoint: str, out: str) -> dict:
-  """The adapters of a LoRA run (a PEFT run's RUN_DIR, or any MODEL_DIR of an adapted model)
-  as a peft adapter directory; the saved modules (a new head) as peft's modules_to_save."""
+  """The adapter of a PEFT run (a RUN_DIR, or any MODEL_DIR of an adapted model: LoRA, a soft
+  prompt or prefixes) as a peft adapter directory; the saved modules (a new head) as peft's
+  modules_to_save."""
   import jax
 
-  from t5lite.export import peft_format
+  from t5lite.export import peft_io
   from t5lite.runtime import model_dir, peft_record
   config, params, step = model_dir.load_params(checkpoint)
   if config.adapter is None:
     raise ConfigError(f"{checkpoint} holds no adapters (its model config has adapter=None): "
-                      "`export peft` writes a LoRA run's adapters; `t5lite export hf` exports "
+                      "`export peft` writes a PEFT run's adapter; `t5lite export hf` exports "
                       "this model")
   record = peft_record.read(model_dir.model_dir_of(checkpoint)) or {}
   base = record.get("base", "")
   hf_base = bool(base) and os.path.isfile(os.path.join(base, "config.json"))  # peft can load it
-  files = peft_format.save_peft(config, jax.device_get(params), out,
-                                base_name_or_path=base if hf_base else "",
-                                saved_modules=peft_record.saved_prefixes(record))
-  return {"export": "peft", "step": step, "out": os.path.abspath(out), "files": files,
-          "r": config.adapter.r, "target_modules": list(config.adapter.target_modules),
+  files = peft_io.save(config, jax.device_get(params), out,
+                       base_name_or_path=base if hf_base else "",
+                       saved_modules=peft_record.saved_prefixes(record))
+  adapter = config.adapter
+  shape = ({"r": adapter.r, "target_modules": list(adapter.target_modules)}
+           if adapter.method == "lora" else {"num_virtual_tokens": adapter.num_virtual_tokens})
+  return {"export": "peft", "method": adapter.method, "step": step,
+          "out": os.path.abspath(out), "files": files, **shape,
           "saved_modules": record.get("saved_modules", [])}
 
 

@@ -28,7 +28,7 @@ FORMATS = {
     "hf": ("an HF transformers directory (T5, BERT, RoBERTa, ALBERT, GPT-2, LLaMA; safetensors, "
            "or a T5 .bin through weights_only loading)"),
     "t5x": "a T5X checkpoint (msgpack + tensorstore, or T5X's orbax layout)",
-    "peft": ("a peft library LoRA adapter directory onto its base (a t5lite MODEL_DIR, or an HF "
+    "peft": ("a peft library adapter directory (LoRA, prompt or prefix tuning) onto its base (a t5lite MODEL_DIR, or an HF "
              "directory): a LoRA run's RUN_DIR that eval, infer, export and training read"),
 }
 
@@ -93,7 +93,7 @@ def import_peft(source: str, base: str, out: str) -> dict:
   naming the base with the fingerprint of its params as read
   (t5lite.runtime.peft_record)."""
   from t5lite.data.vocabularies import load_vocabulary
-  from t5lite.export import params_only, peft_format
+  from t5lite.export import params_only, peft_io
   from t5lite.export.export_cli import _check_empty
   from t5lite.runtime import frozen_model, partitioning, peft_record
   _check_empty(out)
@@ -101,7 +101,7 @@ def import_peft(source: str, base: str, out: str) -> dict:
   if base_config.adapter is not None:
     raise ConfigError(f"--base {base} is itself a LoRA model (its model config has an "
                       "adapter): name the plain model it adapts (its peft.json's 'base')")
-  adapter, adapter_params, saved = peft_format.load_peft(source, base_config)
+  adapter, adapter_params, saved = peft_io.load(source, base_config)
   # Read as peft_record.load_params reads it, so that the fingerprints agree.
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   base_params = frozen_model.load(where, base_config, host, mesh,
@@ -116,10 +116,11 @@ def import_peft(source: str, base: str, out: str) -> dict:
   config = base_config.replace(adapter=adapter)
   path = params_only.write_model_dir(out, config, adapter_params, step=0, vocabulary=vocabulary)
   peft_record.write(out, peft_record.make(where.path, base_config, base_params, adapter, saved))
-  return {"import": "peft", "from": os.path.abspath(source), "base": where.path,
-          "out": os.path.abspath(out), "checkpoint": path, "r": adapter.r,
-          "lora_alpha": adapter.lora_alpha, "use_rslora": adapter.use_rslora,
-          "target_modules": list(adapter.target_modules),
+  shape = ({"r": adapter.r, "lora_alpha": adapter.lora_alpha, "use_rslora": adapter.use_rslora,
+            "target_modules": list(adapter.target_modules)} if adapter.method == "lora"
+           else {"num_virtual_tokens": adapter.num_virtual_tokens})
+  return {"import": "peft", "method": adapter.method, "from": os.path.abspath(source),
+          "base": where.path, "out": os.path.abspath(out), "checkpoint": path, **shape,
           "saved_modules": ["/".join(p) for p in saved]}
 
 

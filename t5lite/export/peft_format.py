@@ -45,6 +45,7 @@ Tree = Any
 Path = tuple[str, ...]
 PREFIX = "base_model.model."
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PEFT_TYPES = ("LORA", "PROMPT_TUNING", "PREFIX_TUNING")
 LORA_KEY = re.compile(r"(.+)\.lora_([AB])\.weight")
 LAYER = re.compile(r"layers_(\d+)")
 HEAD_TASKS = {"sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
@@ -120,6 +121,9 @@ def save_peft(config: ModelConfig, params: Tree, out: str, base_name_or_path: st
   names. params: the whole tree or the adapter half (with the saved modules' params);
   saved_modules: param path prefixes that go out as peft modules_to_save."""
   adapter = _adapter(config)
+  if adapter.method != "lora":
+    raise ConfigError(f"save_peft writes LoRA adapters; a {adapter.method} model's goes "
+                      "through t5lite.export.peft_io.save")
   flat = traverse_util.flatten_dict(unscan_params(params))
   found, entries, _ = sites(config)
   r, tensors, ranks, done = adapter.r, {}, {}, set()
@@ -152,19 +156,24 @@ def save_peft(config: ModelConfig, params: Tree, out: str, base_name_or_path: st
     raise ConfigError("the params hold no LoRA weights (lora_a / lora_b): pass the whole "
                       "params or the adapter half of the adapted model")
   task = task_type(config)
-  saved = _saved_tensors(config, flat, entries, tuple(map(tuple, saved_modules)), task)
+  saved = saved_tensors(config, flat, entries, tuple(map(tuple, saved_modules)), task)
   tensors.update({PREFIX + name: value for name, value in saved[0].items()})
   os.makedirs(out, exist_ok=True)
   safetensors.numpy.save_file(tensors, os.path.join(out, WEIGHTS_FILE),
                               metadata={"format": "pt"})
   universe = {e.hf.rsplit(".", 1)[0] for e in entries}  # every HF module with weights
-  settings = _settings(config, found, universe, ranks, saved[1], task, base_name_or_path)
-  with open(os.path.join(out, CONFIG_FILE), "w") as f:
-    json.dump(settings, f, indent=2, sort_keys=True)
+  write_settings(out, _settings(config, found, universe, ranks, saved[1], task,
+                                base_name_or_path))
   return [CONFIG_FILE, WEIGHTS_FILE]
 
 
-def _saved_tensors(config, flat, entries, prefixes, task) -> tuple[dict, list[str]]:
+def write_settings(out: str, settings: dict) -> None:
+  """adapter_config.json, as peft writes it (sorted keys)."""
+  with open(os.path.join(out, CONFIG_FILE), "w") as f:
+    json.dump(settings, f, indent=2, sort_keys=True)
+
+
+def saved_tensors(config, flat, entries, prefixes, task) -> tuple[dict, list[str]]:
   """({HF tensor name: array}, peft modules_to_save names) of the saved modules."""
   scan = config.scan_layers
   wanted = {k for k in flat if _under(k, prefixes, scan) and not adapters.is_adapter_path(k)}
@@ -234,7 +243,7 @@ def _settings(config, found, universe, ranks, modules_to_save, task, base_name_o
 
 # --- load -----------------------------------------------------------------------------------
 
-def _read(adapter_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
+def read_dir(adapter_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
   """(adapter_config.json, the tensors) of a peft adapter directory (safetensors only)."""
   config_file = limits.file_inside(adapter_dir, CONFIG_FILE)
   if config_file is None or not os.path.isfile(config_file):
@@ -243,11 +252,11 @@ def _read(adapter_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
   settings = limits.read_json(config_file)
   if not isinstance(settings, dict):
     raise ConfigError(f"{config_file}: a JSON {type(settings).__name__}, not an object")
-  if settings.get("peft_type") != "LORA":
+  if settings.get("peft_type") not in PEFT_TYPES:
     raise ConfigError(f"{config_file}: peft_type={settings.get('peft_type')!r}; t5lite reads "
-                      "LoRA adapters only (peft_type 'LORA')")
+                      f"{', '.join(PEFT_TYPES)} adapters")
   bad = [f"{k}={settings[k]!r}" for k, ok in UNSUPPORTED.items()
-         if k in settings and settings[k] not in ok]
+         if k in settings and settings[k] not in ok and settings["peft_type"] == "LORA"]
   if bad:
     raise ConfigError(f"{config_file}: {', '.join(bad)} has no t5lite equivalent (t5lite's "
                       "LoRA is plain LoRA on kernels: no DoRA, no trained biases)")
@@ -285,10 +294,20 @@ def _split(site: Site, lora_a: np.ndarray, lora_b: np.ndarray):
 
 def load_peft(adapter_dir: str, base_config: ModelConfig
               ) -> tuple[AdapterConfig, Tree, tuple[Path, ...]]:
-  """(AdapterConfig, adapter params, saved module prefixes) of a peft LoRA directory for a base
+  """(AdapterConfig, adapter params, saved module prefixes) of a peft adapter directory
+  (LoRA here; prompt and prefix tuning in t5lite.export.peft_prompts) for a base
   of base_config: lora_a / lora_b of every adapted kernel and the saved modules' params, in
   base_config's layout (scanned iff scan_layers). Refuses what t5lite cannot hold exactly."""
-  settings, tensors = _read(adapter_dir)
+  settings, tensors = read_dir(adapter_dir)
+  if settings["peft_type"] != "LORA":
+    raise ConfigError(f"{adapter_dir} is a {settings['peft_type']} adapter: read it with "
+                      "t5lite.export.peft_io.load")
+  return load_lora(adapter_dir, settings, tensors, base_config)
+
+
+def load_lora(adapter_dir: str, settings: dict, tensors: dict, base_config: ModelConfig
+              ) -> tuple[AdapterConfig, Tree, tuple[Path, ...]]:
+  """load_peft's work on a read LoRA directory (read_dir's settings and tensors)."""
   base = base_config.replace(adapter=None)
   found, entries, shapes = sites(base)
   rslora = bool(settings.get("use_rslora"))
@@ -346,14 +365,14 @@ def load_peft(adapter_dir: str, base_config: ModelConfig
     b = b * (alpha / lora_alpha)  # another alpha at the same rank: its scale moves into B
     flat[path + (LORA_A,)] = a.T.reshape(in_shape + (r,))
     flat[path + (LORA_B,)] = np.ascontiguousarray(b.T).reshape((r,) + out_shape)
-  saved = _load_saved(adapter_dir, base, entries, shapes, others, flat)
+  saved = load_saved(adapter_dir, base, entries, shapes, others, flat)
   adapter = AdapterConfig(r=r, lora_alpha=lora_alpha, use_rslora=rslora,
                           lora_dropout=float(settings.get("lora_dropout") or 0.0),
                           target_modules=_targets(base, set(parts), adapter_dir))
-  return adapter, _layout(base, flat, adapter_dir), saved
+  return adapter, in_layout(base, flat, adapter_dir), saved
 
 
-def _load_saved(adapter_dir, base, entries, shapes, others, flat) -> tuple[Path, ...]:
+def load_saved(adapter_dir, base, entries, shapes, others, flat) -> tuple[Path, ...]:
   """Puts the saved modules' tensors into flat; returns their prefixes: a whole top-level
   module ('head') when all of it is saved, else each module's own path."""
   by_name = {e.hf: e for e in entries}
@@ -404,7 +423,7 @@ def _targets(base: ModelConfig, chosen: set[Path], where: str) -> tuple[str, ...
   return config.target_modules
 
 
-def _layout(base: ModelConfig, flat: dict, where: str) -> Tree:
+def in_layout(base: ModelConfig, flat: dict, where: str) -> Tree:
   """flat (unscanned paths) as a tree in base's layout; scanning needs every layer alike."""
   if not base.scan_layers:
     return traverse_util.unflatten_dict(flat)
@@ -425,7 +444,14 @@ def merge(config: ModelConfig, params: Tree) -> tuple[ModelConfig, Tree]:
   """(config without adapter, params with every LoRA folded into its kernel): kernel +=
   scale * A B in float32, cast back to the kernel's dtype. Saved modules stay (they are
   part of the model). Scanned or not."""
-  scale = _adapter(config).scale
+  adapter = _adapter(config)
+  if adapter.method != "lora":
+    raise ConfigError(f"a {adapter.method} model cannot be merged: its "
+                      f"{'soft prompt' if adapter.method == 'prompt_tuning' else 'prefixes'} "
+                      "are extra inputs, not a change of weights, so no plain HF model equals "
+                      "it. Use `t5lite export peft` (peft loads it onto the base) or keep the "
+                      "RUN_DIR")
+  scale = adapter.scale
   flat = traverse_util.flatten_dict(params)
   out = {k: v for k, v in flat.items() if not adapters.is_adapter_path(k)}
   for path in flat:

@@ -107,6 +107,8 @@ def check_targets(config: ModelConfig, abstract: Tree) -> None:
   """A target pattern that matches no kernel, or a rank past a kernel's smaller side, is
   refused with the names and numbers."""
   adapter = config.adapter
+  if adapter.method != "lora":
+    return
   flat = traverse_util.flatten_dict(abstract)
   kernels = sorted("/".join(k[:-1]) for k in flat if k[-1] == "kernel")
   lora = [k[:-1] for k in flat if k[-1] == adapters.LORA_A]
@@ -153,7 +155,11 @@ class Peft(Family):
   hf_model_type = property(lambda self: self.inner.hf_model_type)
 
   def converter(self, pack=True):
-    return self.inner.converter(pack)
+    # A soft prompt before a bidirectional encoder sees every token of its row: the examples
+    # of a packed row would see each other through it, so those rows are padded instead.
+    # (A decoder's prompt is causal, and prefixes are constants: both pack exactly.)
+    prompted_encoder = self.config.has_encoder and adapters.prompt_tokens(self.config)
+    return self.inner.converter(pack and not prompted_encoder)
 
   def pretraining_preprocessors(self, vocabulary):
     return self.inner.pretraining_preprocessors(vocabulary)

@@ -39,6 +39,7 @@ from t5lite.errors import ConfigError
 Tree = Any
 
 METHODS = ("lora", "prompt_tuning", "prefix_tuning")
+PROMPT_INITS = ("sample_vocab", "text", "random")
 ALL_LINEAR = "all-linear"
 LAYER_MODULES = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 """The Dense names of attention and MLP blocks: what 'all-linear' takes."""
@@ -73,6 +74,13 @@ class AdapterConfig:
   reparameterization, peft's prefix_projection); the prefixes it gives are what is stored."""
   encoder_hidden_size: int = 0
   """The prefix MLP's hidden width (0: d_model)."""
+  prompt_init: str = "sample_vocab"
+  """Prompt tuning's initial soft tokens: 'sample_vocab' (the base's embeddings of token ids
+  drawn uniformly from the vocabulary, Lester et al.'s best), 'text' (the embeddings of
+  prompt_init_text's tokens, repeated to num_virtual_tokens, peft's TEXT) or 'random'
+  (normal(0, 1), peft's RANDOM)."""
+  prompt_init_text: str = ""
+  """The text whose token embeddings start the prompt when prompt_init='text'."""
 
   def __post_init__(self):
     object.__setattr__(self, "target_modules", tuple(self.target_modules))
@@ -83,6 +91,13 @@ class AdapterConfig:
     elif self.num_virtual_tokens < 1:
       raise ConfigError(f"AdapterConfig.num_virtual_tokens must be >= 1 for {self.method}, got "
                         f"{self.num_virtual_tokens}")
+    if self.prompt_init not in PROMPT_INITS:
+      raise ConfigError(f"AdapterConfig.prompt_init={self.prompt_init!r} is not one of "
+                        f"{PROMPT_INITS}")
+    if self.prompt_init == "text" and self.method == "prompt_tuning" and not (
+        self.prompt_init_text):
+      raise ConfigError("AdapterConfig.prompt_init='text' needs prompt_init_text (e.g. "
+                        "'Summarize the following article:')")
     if self.encoder_hidden_size < 0:
       raise ConfigError("AdapterConfig.encoder_hidden_size must be >= 0 (0: d_model), got "
                         f"{self.encoder_hidden_size}")
@@ -158,6 +173,16 @@ def position_shift(config, input_stack: bool = True) -> int:
   """How far a stack's token positions move: past its soft prompt or its prefix (HF and peft
   number a prompt's or a past's positions first, so learned and rotary positions shift)."""
   return prompt_tokens(config, input_stack) or prefix_slots(config)
+
+
+def prompted_segments(segment_ids: jax.Array, length: int) -> jax.Array:
+  """Encoder segment ids (B, S) for encoder states of `length` = n + S under prompt tuning:
+  the soft prompt's n states take the row's first segment (cross-attention sees them, as
+  peft's prepended attention mask ones); unchanged otherwise."""
+  n = length - segment_ids.shape[1]
+  if n <= 0:
+    return segment_ids
+  return jnp.concatenate([jnp.repeat(segment_ids[:, :1], n, axis=1), segment_ids], axis=1)
 
 
 def rows_of(param: jax.Array, rows: int, unbatched_ndim: int) -> jax.Array:

@@ -62,6 +62,22 @@ def cache_mask(positions: jax.Array, cache_length: int,
   return mask
 
 
+def with_prompt(mask: jax.Array, key_valid: jax.Array, n: int, *, causal: bool) -> jax.Array:
+  """A token mask (B|1, Q, K) with prompt tuning's n soft tokens in front of queries and
+  keys: (B, n + Q, n + K). Every token query sees the prompt. The prompt's queries see each
+  other (causal: the earlier ones only) and, in a bidirectional stack, every valid key
+  (key_valid (B, K), as HF's attention mask with peft's ones prepended).
+  Example: n = 1, causal, mask [[1 0] [1 1]] -> [[1 0 0] [1 1 0] [1 1 1]]."""
+  rows, q, k = max(mask.shape[0], key_valid.shape[0]), mask.shape[1], mask.shape[2]
+  prompt = causal_mask(n) if causal else jnp.ones((1, n, n), bool)
+  later = (jnp.zeros((rows, n, k), bool) if causal
+           else jnp.broadcast_to(key_valid[:, None, :], (rows, n, k)))
+  top = jnp.concatenate([jnp.broadcast_to(prompt, (rows, n, n)), later], axis=2)
+  bottom = jnp.concatenate([jnp.ones((rows, q, n), bool),
+                            jnp.broadcast_to(mask, (rows, q, k))], axis=2)
+  return jnp.concatenate([top, bottom], axis=1)
+
+
 def fold_rows_into_queries(query: jax.Array, bias: jax.Array, fold: int):
   """Rows b*fold .. b*fold + fold - 1 of query (B*fold, Q, H, K) -> row b of (B, fold*Q, H, K),
   and the bias (B*fold | 1, H|1, Q, S) to match, (B | 1, H|1, fold*Q, S). Cross-attention
@@ -128,8 +144,9 @@ class MultiHeadAttention(nn.Module):
       key = dense(cfg, (d,), (kvh, k), kv_axes, d ** -0.5, "key")(x_kv)
       value = dense(cfg, (d,), (kvh, k), kv_axes, d ** -0.5, "value")(x_kv)
     if cfg.position_encoding == "rope" and self.rotary:
-      query = apply_rope(query, q_positions, cfg.rope_theta)
-      key = apply_rope(key, kv_positions, cfg.rope_theta)
+      shift = adapters.prefix_slots(cfg)  # prefix tuning: tokens sit after the prefix
+      query = apply_rope(query, q_positions + shift, cfg.rope_theta)
+      key = apply_rope(key, kv_positions + shift, cfg.rope_theta)
     constrain = lambda t, heads="heads": nn.with_logical_constraint(
         t, ("batch", "length", heads, "kv"))
     kv_heads = "heads" if kvh == h else "kv_heads"

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import ConfigError
+from t5lite.models import adapters
 from t5lite.models.beam_search import beam_search
 from t5lite.models.config import ModelConfig
 from t5lite.models.decoding_types import EOS_ID, PAD_ID, Prefill
@@ -98,6 +99,8 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   # after a decoder-only model's BOS + prompt: max_decode_length (+ L) of them. Past the
   # learned table, jnp.take would clamp silently, so it is an error.
   longest = max_decode_length + (0 if config.has_encoder else inputs.shape[1])
+  if not config.has_encoder:  # a soft prompt or a prefix comes first (adapters)
+    longest += adapters.position_shift(config)
   if (config.position_encoding == "learned"
       and longest + config.position_offset > config.max_position_embeddings):
     after = "" if config.has_encoder else f" after BOS and a prompt of {inputs.shape[1]}"
@@ -132,12 +135,15 @@ def start(config: ModelConfig, params: Params, inputs: jax.Array, max_decode_len
   tokens = jnp.pad(inputs, ((0, 0), (1, 0)), constant_values=config.bos_id)
   batch, length = tokens.shape
   lengths = prompt_lengths(inputs) + 1  # (B,) with the BOS
-  model = make_model(config, cache_length=length + max_decode_length)
+  # Prompt tuning's soft tokens take the cache's first slots.
+  model = make_model(config, cache_length=(length + max_decode_length
+                                           + adapters.prompt_tokens(config)))
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
   causal = (positions < lengths[:, None]).astype(jnp.int32) if config.prefix_lm else None
   # Logits only after each row's last prompt token (later positions saw padding).
   logits, mutated = model.apply({"params": layer_params(params)}, tokens, None, positions,
-                                causal, logits_at=lengths - 1, mutable=["cache"])  # (B, 1, V)
+                                causal, logits_at=lengths - 1, prefill=True,
+                                mutable=["cache"])  # (B, 1, V)
   logits, cache = logits[:, 0], mutated["cache"]
   if copies > 1:  # the prompt runs once per example; its copies start from the same cache
     logits, cache, lengths = jax.tree_util.tree_map(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
 from t5lite.models.heads import (DecoderClassifier, EncoderHead, ReplacedTokenHead,
                                  SpanBoundaryHead, pool)
@@ -107,7 +108,9 @@ class DecoderOnly(_Model):
       self.head = DecoderClassifier(self.config)
 
   def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
-               decoder_causal_attention=None, logits_at=None):
+               decoder_causal_attention=None, logits_at=None, prefill=False):
+    """prefill: a decoding prefill (cache_length > 0) whose prompt starts at position 0; prompt
+    tuning's soft tokens go before it (t5lite.models.transformer.Decoder)."""
     # Decoding steps after a prefix-LM prompt are plain causal: no decoder_causal_attention.
     if self.config.prefix_lm and decoder_causal_attention is None and not self.cache_length:
       raise ValueError("a prefix_lm model needs decoder_causal_attention (1 on prefix positions)")
@@ -117,7 +120,8 @@ class DecoderOnly(_Model):
                                                decoder_positions)
     if not self.config.head:
       return self.decoder(decoder_input_tokens, segment_ids, positions,
-                          causal_attention=decoder_causal_attention, logits_at=logits_at)
+                          causal_attention=decoder_causal_attention, logits_at=logits_at,
+                          prefill=prefill)
     output = "both" if self.config.lm_loss_weight else "states"
     out = self.decoder(decoder_input_tokens, segment_ids, positions,
                        causal_attention=decoder_causal_attention, output=output)
@@ -196,16 +200,21 @@ class EncoderOnly(_Model):
     if choices:
       shape = encoder_input_tokens.shape  # (B, C, L)
       inputs = tuple(None if x is None else x.reshape(-1, shape[-1]) for x in inputs)
-    x = self.hidden_states(*inputs)  # (B', L, D)
-    pooled = pool(self.config, self.pooler, x) if self.config.pooler else None
-    logits = self.head(x, pooled)
+    # Under prompt tuning a classifier reads the first state, the soft prompt's (as peft's
+    # inputs_embeds give HF's pooler); token and span heads read the tokens' states.
+    full = self._encode(*inputs)  # (B', n + L, D)
+    pooled = pool(self.config, self.pooler, full) if self.config.pooler else None
+    per_token = self.config.head in ("token_classification", "question_answering")
+    logits = self.head(full[:, adapters.prompt_tokens(self.config):] if per_token else full,
+                       pooled)
     return logits.reshape(shape[:2]) if choices else logits
 
   def hidden_states(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                     encoder_token_type_ids=None):
-    """The encoder's final states (B, L, D), which the heads read."""
-    return self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                        encoder_token_type_ids)
+    """The encoder's final states (B, L, D) of the tokens (a soft prompt's left out)."""
+    x = self._encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                     encoder_token_type_ids)
+    return x[:, adapters.prompt_tokens(self.config):]
 
   def mlm_logits(self, x):
     """The MLM head on states (B, K, D) of any K positions: float32 logits (B, K, V)."""

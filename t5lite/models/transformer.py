@@ -16,8 +16,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import adapters
 from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_mask, causal_mask,
-                                     mask_to_bias, prefix_lm_mask, segment_mask)
+                                     mask_to_bias, prefix_lm_mask, segment_mask, with_prompt)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
@@ -146,19 +147,37 @@ class _Stack(nn.Module):
   cache_length: int = 0
   """Decoder only: > 0 runs it incrementally over a cache of this many positions."""
 
-  def embed(self, tokens, positions, token_type_ids=None):
+  def embed(self, tokens, positions, token_type_ids=None, prompt=False):
     """Token (+ position, + token type) embeddings, normed if configured, dropped out, then
-    projected to d_model when the embeddings are factorized. (B, L) -> (B, L, D)."""
+    projected to d_model when the embeddings are factorized. (B, L) -> ((B, L, D), positions).
+
+    prompt: prompt tuning's n soft tokens go first, where HF's inputs_embeds would have them
+    (peft): rows (B, n + L, D) whose positions are 0..n-1 then the tokens' own moved up by n,
+    token type 0. Prefix tuning moves the encoded positions up by its n slots (peft's past
+    key values come first). Returns the rows' positions (their cache slots)."""
     cfg = self.config
     x = self.embedder(tokens)  # (B, L, E)
+    if prompt:
+      n = adapters.prompt_tokens(cfg)
+      init = nn.with_logical_partitioning(nn.initializers.normal(1.0), (None, "embed"))
+      soft = adapters.adapter_param(self, adapters.PROMPT, init, (n, cfg.embedding_width))
+      x = jnp.concatenate([adapters.rows_of(soft.astype(x.dtype), x.shape[0], 2), x], axis=1)
+      positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(n, dtype=positions.dtype),
+                                                    (x.shape[0], n)), positions], axis=1)
+      if token_type_ids is not None:
+        token_type_ids = jnp.pad(token_type_ids, ((0, 0), (n, 0)))
+      tokens = jnp.pad(tokens, ((0, 0), (n, 0)))  # (B, n + L): only its shape is read below
     if cfg.scale_embeddings:
       x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
+    # Prefix tuning: positions after the prefix's slots (the attention's rotary does the same);
+    # the returned positions stay the cache slots.
+    encoded = positions + adapters.prefix_slots(cfg)
     if cfg.position_encoding == "sinusoidal":
-      x = x + sinusoidal_embedding(positions, cfg.d_model).astype(x.dtype)
+      x = x + sinusoidal_embedding(encoded, cfg.d_model).astype(x.dtype)
     elif cfg.position_encoding == "sinusoidal_interleaved":
-      x = x + interleaved_sinusoidal_embedding(positions, cfg.d_model).astype(x.dtype)
+      x = x + interleaved_sinusoidal_embedding(encoded, cfg.d_model).astype(x.dtype)
     elif cfg.position_encoding == "learned":
-      x = x + LearnedPositionEmbedding(cfg, name="position_embedder")(positions)
+      x = x + LearnedPositionEmbedding(cfg, name="position_embedder")(encoded)
     if cfg.type_vocab_size:
       types = jnp.zeros_like(tokens) if token_type_ids is None else token_type_ids
       x = x + Embed(cfg.type_vocab_size, cfg.embedding_width, cfg.compute_dtype,
@@ -172,7 +191,7 @@ class _Stack(nn.Module):
       x = dense(cfg, (e,), (cfg.d_model,), (None, "embed"), e ** -0.5,
                 "embedding_projection")(x)
     self.sow(INTERMEDIATES, "embedding_output", x)
-    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED), positions
 
   def finish(self, x, norm_name):
     """The stack's final norm (pre-norm stacks; a post-norm stack ends normed) and dropout."""
@@ -182,15 +201,22 @@ class _Stack(nn.Module):
 
 
 class Encoder(_Stack):
-  """tokens, segment ids, positions (B, L) -> normed hidden states (B, L, D)."""
+  """tokens, segment ids, positions (B, L) -> normed hidden states (B, L, D); under prompt
+  tuning (B, n + L, D), the soft prompt's states first."""
 
   @nn.compact
   def __call__(self, tokens, segment_ids, positions, token_type_ids=None):
     cfg = self.config
-    x = self.embed(tokens, positions, token_type_ids)
-    bias = mask_to_bias(segment_mask(segment_ids, segment_ids))  # (B, 1, L, L)
+    n = adapters.prompt_tokens(cfg)
+    # Prompt tuning: n soft tokens first (positions shift), which every token sees and which
+    # see every real token; the states keep them (B, n + L, D) for the caller to read.
+    x, positions = self.embed(tokens, positions + n, token_type_ids, prompt=n > 0)
+    mask = segment_mask(segment_ids, segment_ids)  # (B, L, L)
+    if n:
+      mask = with_prompt(mask, segment_ids > 0, n, causal=False)
+    bias = mask_to_bias(mask)  # (B, 1, L', L')
     if cfg.position_encoding == "relative_bias":
-      length = tokens.shape[1]
+      length = x.shape[1]
       bias = bias + RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(length, length)
     x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_encoder_layers, x, bias, positions)
     return self.finish(x, "encoder_norm")
@@ -201,20 +227,32 @@ class Decoder(_Stack):
 
   @nn.compact
   def __call__(self, tokens, segment_ids, positions, encoded=None, encoder_segment_ids=None,
-               causal_attention=None, logits_at=None, output="logits"):
+               causal_attention=None, logits_at=None, output="logits", prefill=False):
     """logits_at (B,) int, optional: logits of only that position per row, (B, 1, V) (a
     decoding prefill needs just each prompt's last one). output: 'logits', 'states' (the
     final states (B, L, D), for a classifier head; no output projection is built) or 'both'
-    (logits, states)."""
+    (logits, states).
+
+    Prompt tuning of a decoder-only model: the soft prompt goes first (slots 0..n-1, the
+    tokens' positions n up), in training and at a decoding prefill (`prefill`); later
+    decoding steps find it in the cache. Outputs cover the tokens only."""
     cfg = self.config
-    length = tokens.shape[1]
-    x = self.embed(tokens, positions)
+    n = adapters.prompt_tokens(cfg, input_stack=encoded is None)
+    prepend = bool(n) and (prefill or not self.cache_length)
+    x, positions = self.embed(tokens, positions + n, prompt=prepend)
+    if prepend and causal_attention is not None:
+      causal_attention = jnp.pad(causal_attention, ((0, 0), (n, 0)))  # the prompt is causal
+    length = x.shape[1]
     if self.cache_length:  # keys are cache slots; no packing while decoding
       self_bias = mask_to_bias(cache_mask(positions, self.cache_length, causal_attention))
       key_length, query_offset = self.cache_length, positions[:, 0]  # (B, 1, L, T), (B,)
     else:
-      mask = causal_mask(length) if causal_attention is None else prefix_lm_mask(causal_attention)
-      self_bias = mask_to_bias(mask & segment_mask(segment_ids, segment_ids))  # (B, 1, L, L)
+      mask = (causal_mask(tokens.shape[1]) if causal_attention is None
+              else prefix_lm_mask(causal_attention[:, n if prepend else 0:]))
+      mask = mask & segment_mask(segment_ids, segment_ids)
+      if prepend:  # causal: the prompt sees itself only, every token sees it
+        mask = with_prompt(mask, segment_ids > 0, n, causal=True)
+      self_bias = mask_to_bias(mask)  # (B, 1, L, L)
       key_length, query_offset = length, 0
     if cfg.position_encoding == "relative_bias":
       self_bias = self_bias + RelativePositionBias(cfg, bidirectional=False, name="relpos_bias")(
@@ -224,10 +262,13 @@ class Decoder(_Stack):
       x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
                      self_bias, positions, **layers)
     else:
+      encoder_segment_ids = adapters.prompted_segments(encoder_segment_ids, encoded.shape[1])
       cross_bias = mask_to_bias(segment_mask(segment_ids, encoder_segment_ids))  # (B, 1, L, S)
       x = run_layers(DecoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
                      self_bias, positions, encoded, cross_bias, **layers)
     x = self.finish(x, "decoder_norm")
+    if prepend:
+      x = x[:, n:]  # (B, L, D): the tokens' states
     if output == "states":
       return x
     states = x
