@@ -13,6 +13,7 @@ from helpers import tiny as _tiny
 from t5lite.errors import ConfigError
 from t5lite.export import params_only
 from t5lite.families import family_of
+from t5lite.families import peft as peft_lib
 from t5lite.families.peft import PeftConfig
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
@@ -41,8 +42,8 @@ def options(base, **changes):
   return PeftConfig(base=str(base), **{"adapter": LORA, **changes})
 
 
-def run(model_dir, model, peft, steps=4, **changes):
-  optimizer = OptimizerConfig(name="adamw", schedule=ScheduleConfig("constant", 1e-2,
+def run(model_dir, model, peft, steps=4, lr=1e-2, **changes):
+  optimizer = OptimizerConfig(name="adamw", schedule=ScheduleConfig("constant", lr,
                                                                     warmup_steps=0))
   return train(model, train_config(str(model_dir), train_steps=steps, log_period=2,
                                    optimizer=optimizer, peft=peft, **changes), log=quiet)
@@ -141,3 +142,60 @@ def test_a_base_of_another_model_is_refused(tmp_path):
   write_base(tmp_path / "base", tiny())
   with pytest.raises(ConfigError, match="d_ff: base 64, run 48"):
     Trainer(tiny(d_ff=48), train_config(str(tmp_path / "run"), peft=options(tmp_path / "base")))
+
+
+PROMPT = AdapterConfig(method="prompt_tuning", num_virtual_tokens=4)
+PREFIX_MLP = AdapterConfig(method="prefix_tuning", num_virtual_tokens=3, prefix_projection=True,
+                           encoder_hidden_size=16)
+
+
+def test_a_soft_prompt_starts_as_the_base_embeddings_of_sampled_tokens(tmp_path):
+  config = tiny()
+  base = write_base(tmp_path / "base", config)
+  trainer = Trainer(config, train_config(str(tmp_path / "run"),
+                                         peft=options(tmp_path / "base", adapter=PROMPT)))
+  assert trainer.converter.pack is False  # an encoder's prompt would join packed examples
+  params = jax.device_get(trainer.fresh_state().params)
+  assert list(params) == ["encoder"] and list(params["encoder"]) == [adapters.PROMPT]
+  ids = peft_lib.prompt_init_ids(PROMPT, None, config.vocab_size, seed=0)
+  assert len(ids) == 4 and len(set(ids)) > 1
+  np.testing.assert_array_equal(params["encoder"][adapters.PROMPT],
+                                base["token_embedder"]["embedding"][np.array(ids)])
+  text = AdapterConfig(method="prompt_tuning", num_virtual_tokens=5, prompt_init="text",
+                       prompt_init_text="ab")
+  from t5lite.data.vocabularies import ByteVocabulary
+  vocabulary = ByteVocabulary()
+  want = list(vocabulary.encode("ab"))
+  assert peft_lib.prompt_init_ids(text, vocabulary, config.vocab_size, 0) == tuple(
+      (want * 5)[:5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", [PROMPT, PREFIX_MLP], ids=["prompt", "prefix_mlp"])
+def test_prompt_and_prefix_runs_train_store_only_their_adapter_and_resume_bitwise(
+    tmp_path, adapter):
+  config = tiny()
+  base = write_base(tmp_path / "base", config)
+  peft = options(tmp_path / "base", adapter=adapter)
+  lr = 0.3 if adapter is PROMPT else 1e-2  # Lester et al. train prompts at 0.3
+  run(tmp_path / "once", config, peft, steps=8, lr=lr)
+  run(tmp_path / "twice", config, peft, steps=4, lr=lr, checkpoint=_every(4))
+  run(tmp_path / "twice", config, peft, steps=8, lr=lr)
+  from t5lite.runtime import checkpoint_reader
+  saved = checkpoint_reader.saved_param_shapes(str(tmp_path / "once"))
+  kind = "prompt_embeddings" if adapter is PROMPT else "prefix_encoder"
+  assert saved and all(kind in k for k in saved), saved
+  a = leaves(model_dir_lib.load_params(str(tmp_path / "once"))[1])
+  b = leaves(model_dir_lib.load_params(str(tmp_path / "twice"))[1])
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+  for k, v in leaves(base).items():  # the base is bitwise as written
+    np.testing.assert_array_equal(a[k], v)
+  if adapter is PREFIX_MLP:  # read back as the prefixes the MLP gives, at every attention
+    prefixes = [k for k in a if "prefix_key" in k]
+    queries = [k for k in a if k.endswith("['query']['kernel']")]
+    assert prefixes and len(prefixes) == len(queries)  # one per attention
+    assert not [k for k in a if "prefix_encoder" in k]
+  losses = [json.loads(l)["loss"] for l in open(tmp_path / "once" / "metrics.jsonl")
+            if '"loss"' in l]
+  assert np.mean(losses[-2:]) < losses[0]  # a random base: noisy, so the last two

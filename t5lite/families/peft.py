@@ -27,6 +27,8 @@ import math
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 
 from t5lite.errors import ConfigError
@@ -175,17 +177,42 @@ class Peft(Family):
 
   def _boxed_params(self, rng):
     # Under jit only the adapter half is an output: the base's initializers are dead code.
-    return adapters.split(self.inner._boxed_params(rng), self.saved)[1]
+    half = adapters.split(self.inner._boxed_params(rng), self.saved)[1]
+    if not adapters.projects_prefixes(self.config):
+      return half
+    # Li and Liang: the MLP trains, the prefixes are what it gives (whole()).
+    flat = traverse_util.flatten_dict(half)
+    half = traverse_util.unflatten_dict({k: v for k, v in flat.items()
+                                         if k[-1] not in (adapters.PREFIX_KEY,
+                                                          adapters.PREFIX_VALUE)})
+    encoder = adapters.init_prefix_encoder(self.config, self.inner.abstract_params(),
+                                           jax.random.fold_in(rng, 1))
+    return {**half, adapters.PREFIX_ENCODER: encoder}
 
   def split(self, params: Tree) -> tuple[Tree, Tree]:
     """(base, adapter) halves of a whole params tree."""
     return adapters.split(params, self.saved)
 
+  def whole(self, base: Tree, adapter: Tree) -> Tree:
+    """The adapted model's params: the halves joined, a prefix MLP turned into its prefixes."""
+    return adapters.materialize(self.config, adapters.combine(base, adapter),
+                                self.inner.abstract_params())
+
+  def with_initial_prompt(self, adapter: Tree, base: Tree, ids: tuple[int, ...]) -> Tree:
+    """A fresh adapter half whose soft prompt starts as the base's embeddings of `ids`
+    (prompt_init_ids); unchanged for no ids."""
+    if not ids:
+      return adapter
+    stack = "encoder" if self.config.has_encoder else "decoder"
+    table = base["token_embedder"]["embedding"]  # (V, E)
+    rows = table[jnp.asarray(ids)].astype(jnp.float32)  # (n, E)
+    return {**adapter, stack: {**adapter[stack], adapters.PROMPT: rows}}
+
   def networks(self, params):
     return self.inner.networks(params)
 
   def logits(self, params, batch, rng=None):
-    return self.inner.logits(params, batch, rng)
+    return self.inner.logits(params, batch, rng)  # whole params, as whole() gives them
 
   def generate(self, params, inputs, **settings):
     return self.inner.generate(params, inputs, **settings)
@@ -197,7 +224,7 @@ class Peft(Family):
     if fixed_params is None:
       raise ValueError("a PEFT loss needs the base's params (fixed_params): the trainer "
                        "passes them; so must a caller of loss_fn")
-    return self.inner.loss_fn(adapters.combine(fixed_params, params), batch, rng)
+    return self.inner.loss_fn(self.whole(fixed_params, params), batch, rng)
 
   def metrics(self, sums, normalizer):
     return self.inner.metrics(sums, normalizer)
@@ -209,6 +236,26 @@ class Peft(Family):
     """The base's forward and its activations' backward: 2/3 of full training (no weight
     gradients for frozen kernels; the adapters' own are a rounding error)."""
     return self.inner.flops_per_example(lengths) * 2 / 3
+
+
+def prompt_init_ids(adapter: AdapterConfig, vocabulary, vocab_size: int, seed: int
+                    ) -> tuple[int, ...]:
+  """The token ids whose embeddings start a soft prompt: n drawn uniformly from the
+  vocabulary ('sample_vocab'), or the text's tokens repeated to n ('text', as peft's TEXT
+  init); () for 'random' (normal(0, 1), the params' own init) and other methods."""
+  n = adapter.num_virtual_tokens
+  if adapter.method != "prompt_tuning" or adapter.prompt_init == "random":
+    return ()
+  if adapter.prompt_init == "sample_vocab":
+    return tuple(int(i) for i in np.random.RandomState(seed).randint(0, vocab_size, n))
+  if vocabulary is None:
+    raise ConfigError("AdapterConfig.prompt_init='text' needs the base's vocabulary, and the "
+                      "base has none saved: use prompt_init='sample_vocab'")
+  ids = list(vocabulary.encode(adapter.prompt_init_text))
+  if not ids:
+    raise ConfigError(f"AdapterConfig.prompt_init_text={adapter.prompt_init_text!r} has no "
+                      "tokens")
+  return tuple((ids * (n // len(ids) + 1))[:n])
 
 
 def trainable_leaves(params: Tree) -> int:

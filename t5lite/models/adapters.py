@@ -30,6 +30,7 @@ import fnmatch
 import math
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
@@ -221,3 +222,83 @@ def combine(base: Tree, adapter: Tree) -> Tree:
   """The whole params tree of split's halves."""
   return traverse_util.unflatten_dict({**traverse_util.flatten_dict(base),
                                        **traverse_util.flatten_dict(adapter)})
+
+
+# --- prefix tuning through Li and Liang's MLP ------------------------------------------------
+
+PREFIX_ENCODER = "prefix_encoder"
+"""The params subtree of prefix tuning's reparameterization (AdapterConfig.prefix_projection)."""
+
+
+def projects_prefixes(config) -> bool:
+  adapter = config.adapter
+  return bool(adapter and adapter.method == "prefix_tuning" and adapter.prefix_projection)
+
+
+class PrefixEncoder(nn.Module):
+  """Li and Liang's reparameterization of prefix tuning (peft's prefix_projection): n trained
+  embeddings (n, D) through Linear + tanh + Linear give every attention's prefixes at once,
+  (n, sites * 2 * kv heads * K). Training the MLP rather than the prefixes is steadier; after
+  training only what it gives is needed (`materialize`)."""
+  config: Any
+  sites: int
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    cfg, adapter = self.config, self.config.adapter
+    hidden = adapter.encoder_hidden_size or cfg.d_model
+    embedding = self.param("embedding", nn.with_logical_partitioning(
+        nn.initializers.normal(1.0), (None, None)), (adapter.num_virtual_tokens, cfg.d_model),
+        jnp.float32)
+    dense = lambda width, name: nn.Dense(  # noqa: E731
+        width, dtype=jnp.float32, param_dtype=jnp.float32, name=name,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), (None, None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))
+    width = self.sites * 2 * cfg.kv_heads * cfg.d_kv
+    return dense(width, "out")(jnp.tanh(dense(hidden, "hidden")(embedding)))
+
+
+def prefix_sites(abstract: Tree) -> list[tuple[tuple[str, ...], int]]:
+  """(attention path, layers it stacks: 1, or L under nn.scan) of every attention with
+  prefixes in a model's (abstract) params, in stack and layer order."""
+  def order(path):
+    return tuple(int(p[7:]) if p.startswith("layers_") and p[7:].isdigit() else p for p in path)
+  flat = traverse_util.flatten_dict(abstract)
+  sites = sorted((k[:-1] for k in flat if k[-1] == PREFIX_KEY), key=lambda p: str(order(p)))
+  return [(p, flat[p + (PREFIX_KEY,)].shape[0] if len(flat[p + (PREFIX_KEY,)].shape) == 4 else 1)
+          for p in sites]
+
+
+def init_prefix_encoder(config, abstract: Tree, rng: jax.Array) -> Tree:
+  """Boxed params of the prefix MLP for a model whose full params are `abstract`."""
+  sites = sum(count for _, count in prefix_sites(abstract))
+  return PrefixEncoder(config, sites).init(rng)["params"]
+
+
+def materialize(config, params: Tree, abstract: Tree) -> Tree:
+  """params with the prefix MLP (PREFIX_ENCODER) replaced by the prefixes it gives, each at
+  its attention; unchanged without one. abstract: the full model's params (where the
+  prefixes go)."""
+  if PREFIX_ENCODER not in params:
+    return params
+  sites = prefix_sites(abstract)
+  rest = {k: v for k, v in params.items() if k != PREFIX_ENCODER}
+  total = sum(count for _, count in sites)
+  n, kvh, k = config.adapter.num_virtual_tokens, config.kv_heads, config.d_kv
+  out = PrefixEncoder(config, total).apply({"params": params[PREFIX_ENCODER]})
+  out = out.reshape(n, total, 2, kvh, k)
+  flat, start = traverse_util.flatten_dict(rest), 0
+  for path, count in sites:
+    chunk = out[:, start:start + count]  # (n, count, 2, kvh, K)
+    start += count
+    for j, name in enumerate((PREFIX_KEY, PREFIX_VALUE)):
+      prefixes = jnp.moveaxis(chunk[:, :, j], 1, 0)  # (count, n, kvh, K)
+      flat[path + (name,)] = prefixes if len(abstract_shape(abstract, path)) == 4 else prefixes[0]
+  return traverse_util.unflatten_dict(flat)
+
+
+def abstract_shape(abstract: Tree, path: tuple[str, ...]) -> tuple[int, ...]:
+  node = abstract
+  for key in path + (PREFIX_KEY,):
+    node = node[key]
+  return tuple(node.shape)

@@ -103,16 +103,22 @@ def load_params(checkpoint_path: str | os.PathLike, config: ModelConfig, record:
   """(whole params, step) of a PEFT run's checkpoint: its adapter half joined to the base's
   params that the model reads, fingerprint checked."""
   from t5lite.families import family_of
+  from t5lite.families.peft import Peft, PeftConfig
   from t5lite.runtime import checkpoint_reader, partitioning
   where, base_config, host = frozen_model.read(record["base"], role="base")
   base = frozen_model.load(where, base_config, host, mesh, rules)
   check_fingerprint(record, frozen_model.fingerprint(base),
                     model_dir.model_dir_of(checkpoint_path))
-  shardings = partitioning.param_shardings(config, mesh, rules)
-  wanted_base, wanted_adapter = adapters.split(
-      partitioning.abstract_sharded(family_of(config).abstract_params(), shardings),
+  inner = family_of(config)
+  wanted_base, _ = adapters.split(partitioning.abstract_sharded(
+      inner.abstract_params(), partitioning.param_shardings(inner, mesh, rules)),
       saved_prefixes(record))
+  # The adapter half as the run trained it (a prefix MLP, not its prefixes).
+  family = Peft.wrap(inner, PeftConfig(base=record["base"], adapter=config.adapter),
+                     saved_prefixes(record))
+  wanted_adapter = partitioning.abstract_sharded(
+      family.abstract_params(), partitioning.param_shardings(family, mesh, rules))
   base = base_part(base, wanted_base, record["base"])
   base = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), base, wanted_base)
   adapter, step = checkpoint_reader.restore_params(checkpoint_path, wanted_adapter)
-  return adapters.combine(base, adapter), step
+  return family.whole(base, adapter), step

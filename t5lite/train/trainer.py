@@ -56,8 +56,8 @@ from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.families import family_of
 from t5lite.families.distillation import Distillation, DistillationConfig
+from t5lite.families import peft as peft_lib
 from t5lite.families.peft import PeftConfig
-from t5lite.models import adapters
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import checkpoint_reader
@@ -253,7 +253,7 @@ class Trainer:
 
   def model_params(self, params: Tree) -> Tree:
     """The whole model's params of a train state's: a PEFT run's adapters joined to the base."""
-    return params if self.peft is None else adapters.combine(self.fixed_params, params)
+    return params if self.peft is None else self.family.whole(self.fixed_params, params)
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -313,10 +313,20 @@ class Trainer:
     model_dir_lib.check_vocabulary(source, self.vocabulary, "INITIAL_CHECKPOINT_PATH")
 
   def fresh_state(self) -> TrainState:
-    """Random init, created directly in its shards."""
-    def create(rng):
-      return TrainState.create(self.family.init_params(rng), self.optimizer)
-    return jax.jit(create, out_shardings=self.state_shardings)(jax.random.key(self.config.seed))
+    """Random init, created directly in its shards (a PEFT run's soft prompt from its base's
+    embeddings, AdapterConfig.prompt_init)."""
+    ids = () if self.peft is None else peft_lib.prompt_init_ids(
+        self.model_config.adapter, self.vocabulary, self.model_config.vocab_size,
+        self.config.seed)
+
+    def create(rng, *fixed):
+      params = self.family.init_params(rng)
+      if ids:
+        params = self.family.with_initial_prompt(params, fixed[0], ids)
+      return TrainState.create(params, self.optimizer)
+    fixed = (self.fixed_params,) if ids else ()
+    return jax.jit(create, out_shardings=self.state_shardings)(
+        jax.random.key(self.config.seed), *fixed)
 
   def state_from_params(self, params: Tree, step: int) -> TrainState:
     """A fresh optimizer around given params (already placed), at `step`."""
