@@ -380,7 +380,8 @@ def test_bad_adapters_are_refused_by_name(base, tmp_path, capsys):
   settings = json.loads(open(os.path.join(good, "adapter_config.json")).read())
   with open(os.path.join(good, "adapter_config.json"), "w") as f:
     json.dump({**settings, "peft_type": "IA3"}, f)
-  with pytest.raises(ConfigError, match="peft_type='IA3'; t5lite reads LoRA adapters only"):
+  with pytest.raises(ConfigError, match="peft_type='IA3'; t5lite reads LORA, PROMPT_TUNING, "
+                     "PREFIX_TUNING adapters"):
     peft_format.load_peft(good, config)
   with open(os.path.join(good, "adapter_config.json"), "w") as f:
     json.dump({**settings, "use_dora": True}, f)

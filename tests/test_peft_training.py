@@ -199,3 +199,29 @@ def test_prompt_and_prefix_runs_train_store_only_their_adapter_and_resume_bitwis
   losses = [json.loads(l)["loss"] for l in open(tmp_path / "once" / "metrics.jsonl")
             if '"loss"' in l]
   assert np.mean(losses[-2:]) < losses[0]  # a random base: noisy, so the last two
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_run_on_a_bf16_base_equals_unsharded_params(tmp_path):
+  """LoRA's A and B carry their kernels' logical axes: over data 2 x fsdp 2 x tensor 2 fake
+  devices (scanned layers, a bfloat16 base, float32 adapters) the run equals one whose params
+  are whole on every device (data parallel only)."""
+  from t5lite.runtime.partitioning import MeshConfig
+  config = tiny(scan_layers=True)
+  write_base(tmp_path / "base", config)
+  peft = options(tmp_path / "base", base_dtype="bfloat16")
+  trainer = Trainer(config, train_config(str(tmp_path / "probe"), peft=peft, fsdp=True,
+                                         mesh=MeshConfig(2, 2, 2)))
+  query = trainer.param_shardings["encoder"]["layers"]["attention"]["query"]
+  assert "fsdp" in tuple(query["lora_a"].spec) and "tensor" in tuple(query["lora_b"].spec)
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(trainer.abstract_params))
+  assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(trainer.fixed_params))
+  run(tmp_path / "many", config, peft, steps=3, fsdp=True, mesh=MeshConfig(2, 2, 2))
+  run(tmp_path / "one", config, peft, steps=3, mesh=MeshConfig(8, 1, 1))  # params whole
+  losses = [[json.loads(l)["loss"] for l in open(tmp_path / d / "metrics.jsonl")
+             if '"loss"' in l] for d in ("many", "one")]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=2e-3)
+  a = leaves(model_dir_lib.load_params(str(tmp_path / "many"))[1])
+  b = leaves(model_dir_lib.load_params(str(tmp_path / "one"))[1])
+  for k in a:
+    np.testing.assert_allclose(a[k].astype(np.float32), b[k].astype(np.float32), atol=2e-3)

@@ -1,10 +1,10 @@
-"""Parameter-efficient adapters inside the network: LoRA's low-rank branch on chosen kernels.
+"""Parameter-efficient adapters inside the network: LoRA, prompt tuning and prefix tuning.
 
     ModelConfig.adapter = AdapterConfig(method="lora", r=8, lora_alpha=16,
                                         target_modules=("query", "value"))
 
-A targeted Dense computes `W x + s * B(A(dropout(x)))` with `s = lora_alpha / r` (rsLoRA:
-`lora_alpha / sqrt(r)`), as the peft library does. Its params sit beside the kernel:
+LoRA. A targeted Dense computes `W x + s * B(A(dropout(x)))` with `s = lora_alpha / r`
+(rsLoRA: `lora_alpha / sqrt(r)`), as the peft library does. Its params sit beside the kernel:
 
     .../attention/query/kernel   (D, H, K)   the frozen base weight
     .../attention/query/lora_a   (D, r)      uniform(+-1/sqrt(fan_in)): peft's kaiming_uniform(a=sqrt(5))
@@ -20,8 +20,17 @@ query'); a pattern matches a path that ends with it at a '/' boundary, with fnma
 attention, 'layers_[01]/*/query' two layers). 'all-linear' takes every Dense of the layers
 (attention q/k/v/out and the MLP), as peft's does: not the output or finetuning heads.
 
-Training only the adapters (the base frozen and left out of checkpoints), peft interchange and
-merging are the PEFT recipe's (t5lite.families.peft).
+Prompt tuning (Lester et al.): `<input stack>/prompt_embeddings` (n, E), n soft tokens before
+the encoder's input (T5, BERT) or a decoder-only model's; positions 0..n-1, the tokens after
+them (t5lite.models.transformer). Prefix tuning (Li and Liang): `.../attention/prefix_key`
+and `prefix_value` (n, kv heads, K) before every attention's own keys and values, seen by
+every query, the tokens' positions after them; with prefix_projection an MLP
+(PrefixEncoder) gives them all, and `materialize` replaces it by what it gives.
+
+Any adapter param may carry a leading row axis when applied: one adapter per batch row
+(mixed-adapter batches; see rows_of and adapter_param). Training only the adapters (the
+base frozen and left out of checkpoints), peft interchange and merging are the PEFT recipe's
+(t5lite.families.peft, t5lite.export.peft_io).
 """
 from __future__ import annotations
 
