@@ -13,6 +13,7 @@ permission, a full or read-only disk, a file where a folder should be), told in 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import sys
@@ -65,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     distributed.add_flags(sub)
+    if verb in ("eval", "infer"):
+      _add_adapter_flags(sub, verb)
   smoke = verbs.add_parser(
       "smoke", help="forward/backward steps of a gin-configured model on embedded text",
       description="Build the model from gin, take a few AdamW steps on standard-library "
@@ -79,6 +82,21 @@ def _parser() -> argparse.ArgumentParser:
     sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
     sub.add_argument("args", nargs=argparse.REMAINDER, help="flags of the verb (--help)")
   return parser
+
+
+def _add_adapter_flags(sub, verb: str) -> None:
+  """A base (CHECKPOINT_PATH) plus PEFT adapters (t5lite.runtime.adapter_batch)."""
+  sub.add_argument("--adapter", default=None, metavar="RUN_DIR",
+                   help="a PEFT run's RUN_DIR: its adapters on the base CHECKPOINT_PATH "
+                   "(checked by fingerprint)" + (" for every input that names none (or one of "
+                   "the --adapters names)" if verb == "infer" else "; results go to "
+                   "RUN_DIR/eval unless EVAL_OUTPUT_DIR is set"))
+  if verb == "infer":
+    sub.add_argument("--adapters", default=None, metavar="NAME=RUN_DIR,...",
+                     help="adapters of the base CHECKPOINT_PATH (LoRA, or soft prompts, or "
+                     "prefixes: one kind) that JSONL inputs pick by "
+                     'name ({"inputs": "...", "adapter": "NAME"}; "base": the base alone); one '
+                     "batch mixes them in one program")
 
 
 def _lengths(text: str) -> dict[str, int]:
@@ -116,7 +134,8 @@ def _add_data_verbs(verbs) -> None:
   bench = verbs.add_parser("bench", help="benchmarks side by side with a peer: data pipeline, "
                            "train step, decoding (vs HF), checkpoint checksums (vs orbax "
                            "alone); each ends with one JSON line of ratios")
-  bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes"))
+  bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
+                                         "peft"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
   plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
   plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
@@ -185,8 +204,10 @@ def _import_task_modules() -> None:
 def _eval(args) -> int:
   from t5lite.eval import run
   _import_task_modules()
-  run.evaluate_checkpoint(gin_config.run_config("EVAL_CONFIG", run.EvalConfig,
-                                                "gin/runs/eval.gin"))
+  config = gin_config.run_config("EVAL_CONFIG", run.EvalConfig, "gin/runs/eval.gin")
+  if args.adapter:
+    config = dataclasses.replace(config, adapter=args.adapter)
+  run.evaluate_checkpoint(config)
   return 0
 
 
@@ -195,6 +216,8 @@ def _infer(args) -> int:
 
   from t5lite.eval import run
   config = gin_config.run_config("INFER_CONFIG", run.InferConfig, "gin/runs/infer.gin")
+  flags = {k: v for k, v in (("adapter", args.adapter), ("adapters", args.adapters)) if v}
+  config = dataclasses.replace(config, **flags) if flags else config
   count = run.infer(config)
   if jax.process_index() == 0:
     print(f"t5lite infer: {count} inputs decoded"

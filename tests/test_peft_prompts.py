@@ -248,3 +248,44 @@ def test_a_prompt_of_another_width_is_refused(base, tmp_path):
   _, other, _ = base("t5")
   with pytest.raises(ConfigError, match="24 wide"):
     peft_io.load(str(tmp_path / "a"), other.replace(d_model=32))
+
+
+@pytest.mark.parametrize("kind, name", [("prompt", "bert_cls"), ("prefix", "gpt2")])
+def test_cli_import_then_export_gives_back_the_same_tensors(base, tmp_path, capsys, kind, name):
+  """peft's adapter -> `t5lite import peft` (a RUN_DIR on a t5lite MODEL_DIR base) -> `t5lite
+  export peft`: the same tensors; `export hf --merge` of it is refused, exit 2."""
+  import os
+
+  import safetensors.numpy
+
+  from t5lite import cli
+  from t5lite.export import params_only
+  hf_dir, config, params = base(name)
+  torch.manual_seed(4)
+  settings = (peft.PromptTuningConfig(task_type=TASKS[name], num_virtual_tokens=N)
+              if kind == "prompt" else
+              peft.PrefixTuningConfig(task_type=TASKS[name], num_virtual_tokens=N))
+  model = peft.get_peft_model(MODELS[name][0].from_pretrained(hf_dir), settings)
+  with torch.no_grad():
+    for p in model.parameters():
+      if p.requires_grad:  # the prompt, and a classifier's saved head
+        p.normal_(0, 0.5)
+  model.save_pretrained(str(tmp_path / "adapter"))
+  home = str(tmp_path / "base")
+  params_only.write_model_dir(home, config, params, step=0, vocabulary=None)
+  run, out = str(tmp_path / "run"), str(tmp_path / "out")
+  assert cli.main(["import", "peft", "--from", str(tmp_path / "adapter"), "--base", home,
+                   "--out", run]) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary["method"] == f"{kind}_tuning" and summary["num_virtual_tokens"] == N
+  assert summary["saved_modules"] == (["head"] if name == "bert_cls" else [])
+  assert cli.main(["export", "peft", "--checkpoint", run, "--out", out]) == 0
+  before = safetensors.numpy.load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+  after = safetensors.numpy.load_file(os.path.join(out, "adapter_model.safetensors"))
+  assert sorted(before) == sorted(after)
+  for key in before:
+    np.testing.assert_allclose(after[key], before[key], rtol=1e-6, err_msg=key)
+  capsys.readouterr()
+  assert cli.main(["export", "hf", "--merge", "--checkpoint", run,
+                   "--out", str(tmp_path / "merged")]) == 2
+  assert "cannot be merged" in capsys.readouterr().err

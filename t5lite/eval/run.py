@@ -6,8 +6,12 @@
       --gin.INFER_INPUT=inputs.txt --gin.INFER_OUTPUT=outputs.jsonl
 
 Both read the model config and vocabulary from the checkpoint's MODEL_DIR, so no model gin
-file is needed. With several processes (a pod), every process decodes (the model is laid
-out over all devices) and only process 0 writes files and prints. eval writes, under
+file is needed. A PEFT run's RUN_DIR as CHECKPOINT_PATH is joined with the base its peft.json
+names; or CHECKPOINT_PATH is the base and `--adapter RUN_DIR` its adapters (eval and infer),
+or `--adapters a=RUN_DIR,b=RUN_DIR` several, which infer's JSONL lines pick by name
+({"inputs": "...", "adapter": "a"}), rows of different adapters decoded in one program.
+With several processes (a pod), every process decodes (the model is laid out over all
+devices) and only process 0 writes files and prints. eval writes, under
 EVAL_OUTPUT_DIR (default MODEL_DIR/eval):
   metrics-<step>.json          every task's metrics, keyed eval/<task>/<metric>
   <task>-<step>.jsonl          per example: inputs, target, prediction (and score)
@@ -48,10 +52,15 @@ class EvalConfig:
   max_examples: int | None = None
   """Evaluate on the first this many examples of each task (None: all)."""
   decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+  adapter: str | None = None
+  """A PEFT run's RUN_DIR (`--adapter`) whose adapters are evaluated on the base
+  checkpoint_path (checked by fingerprint); its results go to RUN_DIR/eval by default. None:
+  checkpoint_path alone (a PEFT RUN_DIR there is joined with the base its peft.json names)."""
 
   def __post_init__(self):
     check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
     check_not_url(self.output_dir, "EVAL_OUTPUT_DIR")
+    check_not_url(self.adapter, "--adapter")
     check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
                           self.decode.batch_size)
     require_int(self.max_examples, "EvalConfig.max_examples", minimum=1, optional=True)
@@ -72,10 +81,20 @@ class InferConfig:
   """Inputs are tokenized, cut to this length less one, and given an EOS (as T5 tasks do)."""
   decode: DecodeConfig = dataclasses.field(
       default_factory=lambda: DecodeConfig(max_decode_length=128))
+  adapter: str | None = None
+  """`--adapter`: a PEFT run's RUN_DIR (or a name from `adapters`) whose adapters decode every
+  input that names none, on the base checkpoint_path (checked by fingerprint). None: such
+  inputs use checkpoint_path alone (a PEFT RUN_DIR there is joined with its own base)."""
+  adapters: Mapping[str, str] | str | None = None
+  """`--adapters a=RUN_DIR,b=RUN_DIR` (or a gin dict): adapters of the base checkpoint_path
+  (LoRA, or soft prompts, or prefixes: one kind) that JSONL inputs pick by name ({"inputs":
+  ..., "adapter": "a"}; "base": the base alone, LoRA only); one batch mixes them in one
+  program (t5lite.runtime.adapter_batch)."""
 
   def __post_init__(self):
     check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
     check_not_url(self.output_path, "INFER_OUTPUT")
+    check_not_url(self.adapter, "--adapter")
     # inputs_length - 1 tokens and an EOS: 1 would leave no room for any text.
     require_int(self.inputs_length, "INPUTS_LENGTH (InferConfig.inputs_length)", minimum=2)
     check_feature_lengths({"inputs": self.inputs_length}, "INPUTS_LENGTH",
@@ -103,21 +122,28 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
   import jax
 
+  from t5lite.runtime import adapter_batch
   from t5lite.runtime import partitioning as part
-  from t5lite.runtime.model_dir import load_params, model_dir_of
+  from t5lite.runtime.model_dir import model_dir_of
   tasks = tasks_of(config.mixture_or_task_name)
   no_metrics = [t.name for t in tasks if not t.metric_fns]
   if no_metrics:
     raise ConfigError(f"tasks {no_metrics} have no metric_fns to evaluate")
-  output_dir = config.output_dir or os.path.join(model_dir_of(config.checkpoint_path), "eval")
+  output_dir = config.output_dir or os.path.join(
+      model_dir_of(config.adapter or config.checkpoint_path), "eval")
   primary = jax.process_index() == 0  # the one process that writes and prints
   log = log if primary else _silent
   if primary:
     os.makedirs(output_dir, exist_ok=True)
   mesh = part.make_mesh(part.MeshConfig())
   rules = part.logical_axis_rules()
-  model_config, params, step = load_params(config.checkpoint_path, mesh, rules)
-  log(f"t5lite eval: checkpoint step {step} of {model_dir_of(config.checkpoint_path)}")
+  model_config, params, step, _, _ = adapter_batch.load_model(
+      config.checkpoint_path, config.adapter, None, mesh, rules)
+  if config.adapter:
+    log(f"t5lite eval: adapter {model_dir_of(config.adapter)} at step {step} on the base "
+        f"{config.checkpoint_path}")
+  else:
+    log(f"t5lite eval: checkpoint step {step} of {model_dir_of(config.checkpoint_path)}")
   metrics: dict[str, float] = {}
   with part.activate(mesh, rules):
     for task in tasks:
@@ -140,11 +166,54 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   return metrics
 
 
+def _check_adapter_names(records, named, given: bool, path: str) -> None:
+  """Refuses an input naming an adapter that was not given (`given`: --adapter or --adapters
+  were), before anything is loaded."""
+  from t5lite.runtime import adapter_batch
+  names = adapter_batch.parse_adapters(named)
+  for _, adapter, number in records:
+    if adapter is None or adapter in names or (adapter == adapter_batch.BASE and given):
+      continue
+    if not given:
+      raise ConfigError(f"{path} line {number} names the adapter {adapter!r}, but no adapters "
+                        f"were given: add --adapters {adapter}=RUN_DIR (with the base as "
+                        "CHECKPOINT_PATH)")
+    raise ConfigError(f"{path} line {number}: adapter {adapter!r} is not one of --adapters "
+                      f"{', '.join(names)} ({adapter_batch.BASE!r}: the base alone): add "
+                      f"{adapter}=RUN_DIR to --adapters, or fix the line")
+
+
+def _vocabulary(config: InferConfig):
+  """The checkpoint's vocabulary; with adapters, a base without one (an HF directory, a bare
+  MODEL_DIR) lends the first adapter RUN_DIR's (a PEFT run saves its task's)."""
+  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.runtime import adapter_batch
+  from t5lite.runtime.model_dir import model_dir_of
+  named = adapter_batch.parse_adapters(config.adapters)
+  runs = ([config.adapter] if config.adapter and config.adapter not in named else []) + list(
+      named.values())
+  try:
+    return load_vocabulary(model_dir_of(config.checkpoint_path))
+  except FileNotFoundError:
+    if not runs:
+      raise
+    return load_vocabulary(model_dir_of(runs[0]))
+
+
 def _silent(*_) -> None:
   pass
 
 
 def _read_inputs(path: str) -> Iterator[str]:
+  """The texts of INFER_INPUT's inputs (see _read_records)."""
+  for text, _, _ in _read_records(path):
+    yield text
+
+
+def _read_records(path: str) -> Iterator[tuple[str, str | None, int]]:
+  """(text, adapter name or None, line number) of each input: a line of text, or a JSON
+  object with an 'inputs' field and optionally an 'adapter' field (a name from
+  InferConfig.adapters, or 'base' for the base alone)."""
   stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
   try:
     for number, line in enumerate(stream, 1):
@@ -161,9 +230,13 @@ def _read_inputs(path: str) -> Iterator[str]:
         if not isinstance(record["inputs"], str):  # str() made null the text "None"
           kind = "null" if record["inputs"] is None else type(record["inputs"]).__name__
           raise ConfigError(f"{path} line {number}: 'inputs' is {kind}, expected text")
-        yield record["inputs"]
+        adapter = record.get("adapter")
+        if adapter is not None and not isinstance(adapter, str):
+          raise ConfigError(f"{path} line {number}: 'adapter' is "
+                            f"{type(adapter).__name__}, expected an adapter's name")
+        yield record["inputs"], adapter, number
       else:
-        yield line
+        yield line, None, number
   finally:
     if stream is not sys.stdin:
       stream.close()
@@ -175,10 +248,9 @@ def infer(config: InferConfig) -> int:
   import jax
   import tqdm
 
-  from t5lite.data.vocabularies import load_vocabulary
   from t5lite.models.decoding import generate
+  from t5lite.runtime import adapter_batch
   from t5lite.runtime import partitioning as part
-  from t5lite.runtime.model_dir import load_params, model_dir_of
   if config.input_path == "-" and jax.process_count() > 1:
     # Each process would read its own stdin: different inputs, mismatched collectives.
     raise ConfigError("with several processes INFER_INPUT must be a file that every host sees, "
@@ -189,14 +261,25 @@ def infer(config: InferConfig) -> int:
   # The output is opened first: a bad INFER_OUTPUT used to fail after decoding everything.
   out = _open_output(config.output_path) if to_file else sys.stdout if primary else None
   try:
-    texts = list(_read_inputs(config.input_path))
-    vocab = load_vocabulary(model_dir_of(config.checkpoint_path))
+    records = list(_read_records(config.input_path))
+    given = bool(config.adapter or config.adapters)
+    _check_adapter_names(records, config.adapters, given, config.input_path)
+    texts = [text for text, _, _ in records]
+    vocab = _vocabulary(config)
     mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
-    model_config, params, _ = load_params(config.checkpoint_path, mesh, rules)
+    model_config, params, _, bank, default = adapter_batch.load_model(
+        config.checkpoint_path, config.adapter, config.adapters, mesh, rules,
+        per_row=any(a is not None for _, a, _ in records))
     with part.activate(mesh, rules), tqdm.tqdm(total=len(texts), unit="input",
                                                file=sys.stderr, disable=not primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
         chunk = texts[start:start + decode.batch_size]
+        names = [default if a is None else a
+                 for _, a, _ in records[start:start + decode.batch_size]]
+        if bank is not None:  # one adapter per row (padding rows: the base alone)
+          ids = np.zeros(decode.batch_size, np.int32)
+          ids[:len(names)] = bank.row_ids(names)
+          params = bank.params_for(ids)
         # A prompt a causal LM continues ends where the text does (an EOS would end the
         # document); an encoder's or a prefix LM's input ends with EOS, as in training.
         causal = family_of(model_config).continues_prompts and not model_config.prefix_lm
@@ -210,9 +293,11 @@ def infer(config: InferConfig) -> int:
                                              else decode.max_decode_length),
                           **decode.generate_kwargs())
         if out is not None:
-          for text, row in zip(chunk, tokens):
-            out.write(json.dumps({"inputs": text, "prediction": vocab.decode(row.tolist())},
-                                 ensure_ascii=False) + "\n")
+          for text, name, row in zip(chunk, names, tokens):
+            record = {"inputs": text, "prediction": vocab.decode(row.tolist())}
+            if bank is not None:
+              record["adapter"] = name
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
           out.flush()
         bar.update(len(chunk))
   except BaseException:

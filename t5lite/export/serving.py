@@ -2,7 +2,7 @@
 
   t5lite export serving --checkpoint MODEL_DIR[/checkpoints/STEP] --out DIR
       [--input_length 512] [--max_decode_length 128] [--methods greedy,beam]
-      [--num_beams 4] [--alpha 0.6]
+      [--num_beams 4] [--alpha 0.6] [--adapter RUN_DIR] [--adapters NAME=RUN_DIR,...]
 
 writes
 
@@ -21,6 +21,14 @@ live model's. Its output follows `generate`: (batch, max_decode_length) int32 id
 start token, EOS included, 0 after EOS. The input length is fixed at export: shorter inputs
 are padded with 0 by the loader, longer ones are refused (never silently truncated, which
 would change the answer).
+
+A PEFT run's RUN_DIR as --checkpoint, or a base --checkpoint with --adapter RUN_DIR, exports
+the adapted model (base and adapters joined). With --adapters NAME=RUN_DIR,... (adapters of
+the base --checkpoint, all LoRA or all soft prompts or all prefixes:
+t5lite.runtime.adapter_batch) the artifact serves them all at once:
+params.safetensors holds the base and the adapters stacked (index 0 the base alone, then the
+names in order: serving.json's "adapters"), and each function is fn(params, adapter_ids,
+tokens) with adapter_ids (batch,) int32, one adapter per row, all rows in one program.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ from t5lite.data.vocabularies import CONFIG_FILE as VOCABULARY_FILE
 from t5lite.data.vocabularies import Vocabulary, load_vocabulary
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
+from t5lite.models import adapters as adapters_lib
 from t5lite.models import decoding
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
@@ -78,9 +87,24 @@ def serving_function(config: ModelConfig, method: str, *, max_decode_length: int
   return generate
 
 
+def per_row_function(fn, config: ModelConfig):
+  """fn(params, tokens) of a model whose params carry one adapter per row, as
+  fn(bank params, adapter_ids, tokens): the adapters' leaves stacked on an adapter axis
+  (adapter_batch.AdapterBank.stacked, joined to the base) and gathered per row inside."""
+  from t5lite.runtime import adapter_batch
+
+  def generate(params, adapter_ids, tokens):
+    base, stacked = adapters_lib.split(params)
+    return fn(adapters_lib.combine(base, adapter_batch.gather(stacked, adapter_ids, config)),
+              tokens)
+  return generate
+
+
 def export_function(fn, params, input_length: int,
-                    platforms: Sequence[str] = PLATFORMS) -> jax.export.Exported:
-  """fn(params, tokens) exported for tokens (b, input_length) int32, b symbolic (any b >= 1).
+                    platforms: Sequence[str] = PLATFORMS,
+                    per_row: bool = False) -> jax.export.Exported:
+  """fn(params, tokens) exported for tokens (b, input_length) int32, b symbolic (any b >= 1);
+  per_row: fn(params, adapter_ids, tokens) with adapter_ids (b,) int32.
 
   When lowering for a platform other than cpu fails on this machine, the export falls back to
   cpu alone with a warning (`Exported.platforms` and the manifest say which it holds) rather
@@ -90,14 +114,16 @@ def export_function(fn, params, input_length: int,
   tokens = jax.ShapeDtypeStruct((batch, input_length), jnp.int32)
   # Shapes and dtypes only: the artifact is free of the exporting machine's devices.
   specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  args = (specs, jax.ShapeDtypeStruct((batch,), jnp.int32), tokens) if per_row else (
+      specs, tokens)
   try:
-    return jax.export.export(jax.jit(fn), platforms=tuple(platforms))(specs, tokens)
+    return jax.export.export(jax.jit(fn), platforms=tuple(platforms))(*args)
   except Exception as error:  # noqa: BLE001 - any lowering failure: fall back to cpu alone
     if tuple(platforms) == ("cpu",) or "cpu" not in platforms:
       raise
     warnings.warn(f"lowering for {tuple(platforms)} failed ({type(error).__name__}: {error}); "
                   "exporting for cpu only")
-    return jax.export.export(jax.jit(fn), platforms=("cpu",))(specs, tokens)
+    return jax.export.export(jax.jit(fn), platforms=("cpu",))(*args)
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
@@ -109,14 +135,21 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def export_serving(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                    input_length: int, max_decode_length: int,
                    methods: Sequence[str] = METHODS, num_beams: int = 4,
-                   alpha: float = 0.6) -> dict:
+                   alpha: float = 0.6, adapter: str | None = None,
+                   adapters: str | dict | None = None) -> dict:
   """Writes the serving artifact of a checkpoint to out_dir (see the module docstring);
-  returns its manifest. Refuses an out_dir that already holds files."""
+  returns its manifest. Refuses an out_dir that already holds files. adapter: a PEFT RUN_DIR
+  joined to the base checkpoint; adapters: {name: RUN_DIR} (or 'a=DIR,b=DIR') served per
+  row (with `adapter`, a RUN_DIR or one of the names, as what rows default to)."""
+  from t5lite.runtime import adapter_batch
   _check_settings(input_length, max_decode_length, methods, num_beams)
   out_dir = os.path.abspath(os.fspath(out_dir))
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise FileExistsError(f"{out_dir} is not empty; choose a new --out")
-  config, params, step = model_dir.load_params(checkpoint_path)
+  config, params, step, bank, default = adapter_batch.load_model(checkpoint_path, adapter,
+                                                                 adapters, None, None)
+  if bank is not None:  # the base and every adapter, stacked: gathered per row when run
+    params = adapters_lib.combine(bank.base, bank.stacked)
   family = family_of(config)
   if not family.decodes:
     raise ConfigError(f"a serving artifact decodes; a {family.name!r} model cannot")
@@ -126,15 +159,24 @@ def export_serving(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLik
                       f"has bos_id={config.bos_id}, eos_id={config.eos_id}")
   vocabulary = _vocabulary_or_none(model_dir.model_dir_of(checkpoint_path))
   # Trace everything before writing anything: a failed export leaves no half artifact.
-  exports = {method: export_function(serving_function(
-      config, method, max_decode_length=max_decode_length, num_beams=num_beams, alpha=alpha),
-      params, input_length) for method in methods}
+  exports = {}
+  for method in methods:
+    fn = serving_function(config, method, max_decode_length=max_decode_length,
+                          num_beams=num_beams, alpha=alpha)
+    if bank is not None:
+      fn = per_row_function(fn, config)
+    exports[method] = export_function(fn, params, input_length, per_row=bank is not None)
   manifest = dict(
       format=FORMAT, format_version=FORMAT_VERSION, model_config=config.to_dict(), step=step,
       input_length=input_length, max_decode_length=max_decode_length, methods=list(methods),
       exports={m: m + EXPORT_SUFFIX for m in methods}, num_beams=num_beams, alpha=alpha,
       params=PARAMS_FILE, vocabulary=None if vocabulary is None else VOCABULARY_FILE,
       pad_id=decoding.PAD_ID, eos_id=decoding.EOS_ID, jax_version=jax.__version__,
+      # Per-row adapters: the names of the adapter axis (0: the base alone), rows' default.
+      adapters=None if bank is None else list(bank.names),
+      default_adapter=None if bank is None else default,
+      base_rows=None if bank is None else (bank.config.adapter.method == "lora"
+                                           and not bank.saved),
       # Where every method runs (all of them, unless a fallback dropped cuda).
       platforms=[p for p in PLATFORMS if all(p in e.platforms for e in exports.values())])
   _write_artifact(out_dir, manifest, params, exports, vocabulary)
@@ -195,6 +237,12 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"comma-separated, from {','.join(METHODS)}")
   parser.add_argument("--num_beams", type=int, default=4)
   parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty exponent")
+  parser.add_argument("--adapter", default=None, metavar="RUN_DIR",
+                      help="a PEFT run's RUN_DIR: its adapters joined to the base --checkpoint "
+                      "(with --adapters: what rows that name none use; a name or a RUN_DIR)")
+  parser.add_argument("--adapters", default=None, metavar="NAME=RUN_DIR,...",
+                      help="adapters of the base --checkpoint (one kind), served per row: the "
+                      "functions take (params, adapter_ids, tokens)")
   return parser
 
 
@@ -203,7 +251,8 @@ def main(argv: list[str]) -> int:
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   manifest = export_serving(args.checkpoint, args.out, input_length=args.input_length,
                             max_decode_length=args.max_decode_length, methods=methods,
-                            num_beams=args.num_beams, alpha=args.alpha)
+                            num_beams=args.num_beams, alpha=args.alpha,
+                            adapter=args.adapter, adapters=args.adapters)
   print(f"wrote serving artifact {os.path.abspath(args.out)}: step {manifest['step']}, "
         f"methods {','.join(manifest['methods'])}, platforms {','.join(manifest['platforms'])}")
   return 0

@@ -9,6 +9,7 @@ From Python, with ARTIFACT on sys.path:
   model = ServingModel.load(ARTIFACT)
   model.generate(tokens, method="greedy")      # (B, L <= input_length) int32 -> (B, T) int32
   model.generate_text(["some input"], method="beam")
+  model.generate(tokens, adapters=["sum", "base"])  # an artifact of several adapters: per row
 
 This file is copied into every artifact and must work there alone: it imports only the
 standard library, numpy, jax, safetensors and (for sentencepiece vocabularies) sentencepiece;
@@ -86,22 +87,57 @@ class ServingModel:
   def max_decode_length(self) -> int:
     return int(self.manifest["max_decode_length"])
 
-  def generate(self, tokens, method: str = "greedy") -> np.ndarray:
+  @property
+  def adapters(self) -> list[str] | None:
+    """The adapters an artifact of several serves per row (index 0: the base alone), else
+    None."""
+    return self.manifest.get("adapters")
+
+  def generate(self, tokens, method: str = "greedy", adapters=None) -> np.ndarray:
     """(B, L) ids, 0-padded, L <= input_length (or longer with only padding past it) ->
-    (B, max_decode_length) int32 output ids. Each new batch size compiles once."""
+    (B, max_decode_length) int32 output ids. Each new batch size compiles once.
+    adapters (an artifact of several adapters): each row's adapter name, or one name for all
+    rows; None: the artifact's default_adapter."""
     if method not in self.functions:
       raise ValueError(f"method {method!r} was not exported; this artifact has "
                        f"{sorted(self.functions)}")
     tokens = self._padded(tokens)
     if tokens.shape[0] == 0:
       return np.zeros((0, self.max_decode_length), np.int32)
+    args = (self.params, tokens)
+    if self.adapters is not None:
+      args = (self.params, self._adapter_ids(adapters, tokens.shape[0]), tokens)
+    elif adapters is not None:
+      raise ValueError(f"{self.directory} serves one model, not several adapters: call "
+                       "generate without adapters")
     if self.device is None:
-      return np.asarray(self.functions[method](self.params, tokens))
+      return np.asarray(self.functions[method](*args))
     with jax.default_device(self.device):  # the tokens go where the params are
-      return np.asarray(self.functions[method](self.params, tokens))
+      return np.asarray(self.functions[method](*args))
 
-  def generate_text(self, texts: Sequence[str], method: str = "greedy") -> list[str]:
-    """Encodes each text (EOS appended), decodes the batch, and returns the output texts."""
+  def _adapter_ids(self, adapters, rows: int) -> np.ndarray:
+    """(rows,) int32 indices into the artifact's adapters, from names."""
+    if adapters is None:
+      adapters = self.manifest.get("default_adapter")
+      if adapters is None:  # soft prompts, prefixes or saved modules: no row of the base
+        raise ValueError(f"name each row's adapter, one of {self.adapters[1:]}")
+    names = [adapters] * rows if isinstance(adapters, str) else list(adapters)
+    if len(names) != rows:
+      raise ValueError(f"{len(names)} adapter names for {rows} rows")
+    if not self.manifest.get("base_rows", True) and self.adapters[0] in names:
+      raise ValueError(f"this artifact serves no row of the base alone (its adapters are soft "
+                       f"prompts, prefixes or train whole modules); name one of "
+                       f"{self.adapters[1:]}")
+    unknown = sorted({n for n in names if n not in self.adapters})
+    if unknown:
+      raise ValueError(f"adapters {unknown} are not in this artifact; it serves "
+                       f"{self.adapters} ({self.adapters[0]!r}: the base alone)")
+    return np.asarray([self.adapters.index(n) for n in names], np.int32)
+
+  def generate_text(self, texts: Sequence[str], method: str = "greedy",
+                    adapters=None) -> list[str]:
+    """Encodes each text (EOS appended), decodes the batch, and returns the output texts
+    (adapters: as generate's)."""
     if self.vocabulary is None:
       raise ValueError(f"{self.directory} holds no vocabulary: use generate() on token ids")
     rows = [list(self.vocabulary.encode(text)) + [EOS_ID] for text in texts]
@@ -111,7 +147,7 @@ class ServingModel:
     tokens = np.zeros((len(rows), self.input_length), np.int32)
     for i, row in enumerate(rows):
       tokens[i, :len(row)] = row
-    return [self.vocabulary.decode(ids) for ids in self.generate(tokens, method)]
+    return [self.vocabulary.decode(ids) for ids in self.generate(tokens, method, adapters)]
 
   def _padded(self, tokens) -> np.ndarray:
     """tokens as (B, input_length) int32, padded with 0 on the right; longer rows refused."""
@@ -264,10 +300,12 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--text", action="append",
                       help="an input (repeatable); without it, one input per stdin line")
   parser.add_argument("--method", default="greedy", help="greedy or beam (as exported)")
+  parser.add_argument("--adapter", default=None,
+                      help="an artifact of several adapters: the one every input uses")
   args = parser.parse_args(argv)
   texts = args.text if args.text is not None else [line.rstrip("\n") for line in sys.stdin]
   model = ServingModel.load(args.artifact)
-  for output in model.generate_text(texts, method=args.method):
+  for output in model.generate_text(texts, method=args.method, adapters=args.adapter):
     print(output)
   return 0
 
