@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_adapter_flags(sub, verb: str) -> None:
-  """A base (CHECKPOINT_PATH) plus PEFT adapters (t5lite.runtime.adapter_batch)."""
+  """A base (CHECKPOINT_PATH) plus PEFT adapters (t5lite.export.adapter_batch)."""
   sub.add_argument("--adapter", default=None, metavar="RUN_DIR",
                    help="a PEFT run's RUN_DIR: its adapters on the base CHECKPOINT_PATH "
                    "(checked by fingerprint)" + (" for every input that names none (or one of "

@@ -25,11 +25,10 @@ import t5lite
 from conftest import REPO
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import params_only, peft_format
+from t5lite.export import params_only, peft_format, peft_record
 from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
-from t5lite.runtime import model_dir
 
 peft = pytest.importorskip("peft")
 T = transformers
@@ -318,7 +317,7 @@ def test_cli_import_then_export_gives_back_the_same_tensors(base, tmp_path, caps
   assert summary["r"] == kwargs["r"] and summary["saved_modules"] == (
       ["head"] if name == "roberta_cls" else [])
   assert json.loads(open(os.path.join(run, "peft.json")).read())["base"] == home
-  run_config, whole, _ = model_dir.load_params(run)  # joined with the base, fingerprint checked
+  run_config, whole, _ = peft_record.load_run(run)  # joined with the base, fingerprint checked
   assert run_config.adapter.r == kwargs["r"]
   ids = ids_for()
   assert_close(ours(run_config, jax.device_get(whole), name, ids), theirs(model, name, ids))
@@ -404,7 +403,7 @@ def test_changed_base_and_plain_runs_are_refused(base, tmp_path, capsys):
   changed = jax.tree.map(lambda x: np.asarray(x) * 1.01, params)
   params_only.write_model_dir(home, config, changed, step=0, vocabulary=None)
   with pytest.raises(ConfigError, match="fingerprint"):
-    model_dir.load_params(run)
+    peft_record.load_run(run)
   assert cli.main(["export", "peft", "--checkpoint", run, "--out",
                    str(tmp_path / "out")]) == 2
   assert "fingerprint" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Many adapters, one base (t5lite.runtime.adapter_batch): a batch whose rows use different
+"""Many adapters, one base (t5lite.export.adapter_batch): a batch whose rows use different
 LoRA adapters of one base, and rows of the base alone, decodes in one program as each row does
 with its own adapter alone; `t5lite infer` / `eval` / `export serving` take a base plus
 adapters."""
@@ -17,7 +17,8 @@ from t5lite.export import params_only
 from t5lite.families import family_of
 from t5lite.models import adapters, decoding
 from t5lite.models.adapters import AdapterConfig
-from t5lite.runtime import adapter_batch, frozen_model, model_dir, partitioning, peft_record
+from t5lite.runtime import partitioning
+from t5lite.export import adapter_batch, frozen_model, peft_record
 
 LORA = AdapterConfig(r=2, lora_alpha=4, target_modules=("query", "value", "wo"))
 ROWS = ["a", "b", None, "c", "a", "b"]  # one base-only row; every adapter at least once
@@ -128,8 +129,8 @@ def test_a_mixed_batch_decodes_as_each_row_with_its_adapter_alone(made, model, s
   for name in names:
     mine = [i for i, n in enumerate(rows) if n == name]
     alone, own = bank.params_of(name), bank.config_of(name)
-    if name is not None:  # what model_dir.load_params of the RUN_DIR joins, bitwise
-      joined = model_dir.load_params(runs[name])[1]
+    if name is not None:  # what peft_record.load_run of the RUN_DIR joins, bitwise
+      joined = peft_record.load_run(runs[name])[1]
       for (p, x), (_, y) in zip(jax.tree_util.tree_leaves_with_path(joined),
                                 jax.tree_util.tree_leaves_with_path(alone)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(p))
@@ -151,7 +152,7 @@ def test_a_mixed_batch_of_one_adapter_equals_its_joined_run_bitwise(made):
   base, runs = made("t5")
   bank = adapter_batch.load_bank(base, {"a": runs["a"]})
   config, inputs = bank.config, prompts(bank.config, 4)
-  joined_config, joined, step = model_dir.load_params(runs["a"])
+  joined_config, joined, step = peft_record.load_run(runs["a"])
   assert step == bank.steps["a"] == 7 and joined_config.adapter == LORA
   got = decoding.generate(config, bank.params_for(np.zeros(4, np.int32) + 1), inputs,
                           max_decode_length=6)
@@ -204,7 +205,7 @@ def test_a_run_with_saved_modules_decodes_alone_but_not_beside_others(made, tmp_
   head = write_run(tmp_path / "h", base, saved=saved)
   config, params, step, bank, _ = adapter_batch.load_model(base, head, None, None, None)
   assert bank is None and step == 7
-  _, joined, _ = model_dir.load_params(head)
+  _, joined, _ = peft_record.load_run(head)
   for (p, x), (_, y) in zip(jax.tree_util.tree_leaves_with_path(joined),
                             jax.tree_util.tree_leaves_with_path(params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(p))
@@ -307,10 +308,10 @@ def test_serving_exports_a_joined_run_and_per_row_adapters(made, tmp_path, capsy
   from t5lite.export import serving_loader
   base, runs = made("t5")
   common = ["--input_length", "8", "--max_decode_length", "6"]
-  # A PEFT RUN_DIR as --checkpoint: the joined model, as model_dir.load_params joins it.
+  # A PEFT RUN_DIR as --checkpoint: the joined model, as peft_record.load_run joins it.
   assert cli.main(["export", "serving", "--checkpoint", runs["a"], "--out",
                    str(tmp_path / "joined"), "--methods", "greedy", *common]) == 0
-  joined_config, joined, _ = model_dir.load_params(runs["a"])
+  joined_config, joined, _ = peft_record.load_run(runs["a"])
   model = serving_loader.ServingModel.load(tmp_path / "joined")
   assert model.adapters is None
   inputs = prompts(joined_config, len(ROWS), length=8)

@@ -17,7 +17,7 @@ import t5lite
 from t5lite.errors import ConfigError
 from t5lite.export import peft_format, peft_io
 from t5lite.families import family_of
-from t5lite.models import adapters, decoding
+from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 
 peft = pytest.importorskip("peft")

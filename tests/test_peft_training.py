@@ -1,7 +1,6 @@
 """PEFT runs through the trainer (t5lite.families.peft): only the adapters train, only they are
 stored, the base is bitwise unchanged and named by fingerprint, and resume is exact."""
 import json
-import os
 
 import jax
 import numpy as np
@@ -17,8 +16,7 @@ from t5lite.families import peft as peft_lib
 from t5lite.families.peft import PeftConfig
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
-from t5lite.runtime import model_dir as model_dir_lib
-from t5lite.runtime import peft_record
+from t5lite.export import peft_record
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import Trainer, train
@@ -83,7 +81,7 @@ def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(tmp_path):
   saved = checkpoint_reader.saved_param_shapes(str(tmp_path / "run"))
   assert saved and all(k.endswith(("['lora_a']", "['lora_b']")) for k in saved)
   # load_params joins them to the untouched base.
-  loaded_config, params, step = model_dir_lib.load_params(str(tmp_path / "run"))
+  loaded_config, params, step = peft_record.load_run(str(tmp_path / "run"))
   assert loaded_config.adapter == LORA and step == 4
   base_half, adapter_half = adapters.split(jax.device_get(params))
   for k, v in leaves(base).items():
@@ -102,8 +100,8 @@ def test_a_stopped_and_resumed_lora_run_equals_one_run_bitwise(tmp_path):
   run(tmp_path / "twice", config, options(tmp_path / "base"), steps=2,
       checkpoint=_every(2))
   run(tmp_path / "twice", config, options(tmp_path / "base"), steps=4)
-  a = leaves(model_dir_lib.load_params(str(tmp_path / "once"))[1])
-  b = leaves(model_dir_lib.load_params(str(tmp_path / "twice"))[1])
+  a = leaves(peft_record.load_run(str(tmp_path / "once"))[1])
+  b = leaves(peft_record.load_run(str(tmp_path / "twice"))[1])
   for k in a:
     np.testing.assert_array_equal(a[k], b[k])
 
@@ -121,7 +119,7 @@ def test_a_changed_base_is_refused_by_fingerprint(tmp_path):
   shutil.rmtree(tmp_path / "base")
   write_base(tmp_path / "base", config, seed=1)
   with pytest.raises(ConfigError, match="fingerprint"):
-    model_dir_lib.load_params(str(tmp_path / "run"))
+    peft_record.load_run(str(tmp_path / "run"))
   with pytest.raises(ConfigError, match="another base fingerprint"):
     run(tmp_path / "run", config, options(tmp_path / "base"), steps=2)
 
@@ -185,8 +183,8 @@ def test_prompt_and_prefix_runs_train_store_only_their_adapter_and_resume_bitwis
   saved = checkpoint_reader.saved_param_shapes(str(tmp_path / "once"))
   kind = "prompt_embeddings" if adapter is PROMPT else "prefix_encoder"
   assert saved and all(kind in k for k in saved), saved
-  a = leaves(model_dir_lib.load_params(str(tmp_path / "once"))[1])
-  b = leaves(model_dir_lib.load_params(str(tmp_path / "twice"))[1])
+  a = leaves(peft_record.load_run(str(tmp_path / "once"))[1])
+  b = leaves(peft_record.load_run(str(tmp_path / "twice"))[1])
   for k in a:
     np.testing.assert_array_equal(a[k], b[k])
   for k, v in leaves(base).items():  # the base is bitwise as written
@@ -221,7 +219,7 @@ def test_a_sharded_lora_run_on_a_bf16_base_equals_unsharded_params(tmp_path):
   losses = [[json.loads(l)["loss"] for l in open(tmp_path / d / "metrics.jsonl")
              if '"loss"' in l] for d in ("many", "one")]
   np.testing.assert_allclose(losses[0], losses[1], rtol=2e-3)
-  a = leaves(model_dir_lib.load_params(str(tmp_path / "many"))[1])
-  b = leaves(model_dir_lib.load_params(str(tmp_path / "one"))[1])
+  a = leaves(peft_record.load_run(str(tmp_path / "many"))[1])
+  b = leaves(peft_record.load_run(str(tmp_path / "one"))[1])
   for k in a:
     np.testing.assert_allclose(a[k].astype(np.float32), b[k].astype(np.float32), atol=2e-3)

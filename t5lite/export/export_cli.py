@@ -103,9 +103,9 @@ def export_peft(checkpoint: str, out: str) -> dict:
   modules_to_save."""
   import jax
 
-  from t5lite.export import peft_io
-  from t5lite.runtime import model_dir, peft_record
-  config, params, step = model_dir.load_params(checkpoint)
+  from t5lite.export import peft_io, peft_record
+  from t5lite.runtime import model_dir
+  config, params, step = peft_record.load_run(checkpoint)
   if config.adapter is None:
     raise ConfigError(f"{checkpoint} holds no adapters (its model config has adapter=None): "
                       "`export peft` writes a PEFT run's adapter; `t5lite export hf` exports "
@@ -172,8 +172,9 @@ def _load(checkpoint: str):
   import jax
 
   from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.export import peft_record
   from t5lite.runtime import model_dir
-  config, params, step = model_dir.load_params(checkpoint)
+  config, params, step = peft_record.load_run(checkpoint)
   try:
     vocabulary = load_vocabulary(model_dir.model_dir_of(checkpoint))
   except FileNotFoundError:

@@ -91,11 +91,12 @@ def import_peft(source: str, base: str, out: str) -> dict:
   """A LoRA run's RUN_DIR from a peft adapter directory: the adapter half (LoRA and saved
   modules) as a params-only checkpoint at step 0, the adapted model config, and peft.json
   naming the base with the fingerprint of its params as read
-  (t5lite.runtime.peft_record)."""
+  (t5lite.export.peft_record)."""
   from t5lite.data.vocabularies import load_vocabulary
   from t5lite.export import params_only, peft_io
   from t5lite.export.export_cli import _check_empty
-  from t5lite.runtime import frozen_model, partitioning, peft_record
+  from t5lite.runtime import partitioning
+  from t5lite.export import frozen_model, peft_record
   _check_empty(out)
   where, base_config, host = frozen_model.read(base, role="base")
   if base_config.adapter is not None:

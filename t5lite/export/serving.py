@@ -25,7 +25,7 @@ would change the answer).
 A PEFT run's RUN_DIR as --checkpoint, or a base --checkpoint with --adapter RUN_DIR, exports
 the adapted model (base and adapters joined). With --adapters NAME=RUN_DIR,... (adapters of
 the base --checkpoint, all LoRA or all soft prompts or all prefixes:
-t5lite.runtime.adapter_batch) the artifact serves them all at once:
+t5lite.export.adapter_batch) the artifact serves them all at once:
 params.safetensors holds the base and the adapters stacked (index 0 the base alone, then the
 names in order: serving.json's "adapters"), and each function is fn(params, adapter_ids,
 tokens) with adapter_ids (batch,) int32, one adapter per row, all rows in one program.
@@ -91,7 +91,7 @@ def per_row_function(fn, config: ModelConfig):
   """fn(params, tokens) of a model whose params carry one adapter per row, as
   fn(bank params, adapter_ids, tokens): the adapters' leaves stacked on an adapter axis
   (adapter_batch.AdapterBank.stacked, joined to the base) and gathered per row inside."""
-  from t5lite.runtime import adapter_batch
+  from t5lite.export import adapter_batch
 
   def generate(params, adapter_ids, tokens):
     base, stacked = adapters_lib.split(params)
@@ -141,7 +141,7 @@ def export_serving(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLik
   returns its manifest. Refuses an out_dir that already holds files. adapter: a PEFT RUN_DIR
   joined to the base checkpoint; adapters: {name: RUN_DIR} (or 'a=DIR,b=DIR') served per
   row (with `adapter`, a RUN_DIR or one of the names, as what rows default to)."""
-  from t5lite.runtime import adapter_batch
+  from t5lite.export import adapter_batch
   _check_settings(input_length, max_decode_length, methods, num_beams)
   out_dir = os.path.abspath(os.fspath(out_dir))
   if os.path.isdir(out_dir) and os.listdir(out_dir):

@@ -61,20 +61,29 @@ DISTILLATION_PARAMS = "distillation"
 """The top-level params key of a distillation run's trained projection (not the model's)."""
 
 
+PEFT_RECORD_FILE = "peft.json"
+"""A PEFT run's record (t5lite.export.peft_record): its MODEL_DIR holds adapters only."""
+
+
 def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
   folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel).
-  A PEFT run's are its adapters joined to its base (t5lite.runtime.peft_record)."""
+  A PEFT run holds only adapters: t5lite.export.peft_record.load_run joins them to its base."""
   from t5lite.families import family_of
-  from t5lite.runtime import checkpoint_reader, partitioning, peft_record
+  from t5lite.runtime import checkpoint_reader, partitioning
   home = model_dir_of(checkpoint_path)
+  if os.path.isfile(os.path.join(home, PEFT_RECORD_FILE)):
+    raise ValueError(f"{home} is a PEFT run (adapters only): read it with "
+                     "t5lite.export.peft_record.load_run, which joins them to its base")
   model_config = load_model_config(home)
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
-  record = peft_record.read(home)
-  if record is not None:  # a PEFT run holds adapters only: joined to the base it names
-    params, step = peft_record.load_params(checkpoint_path, model_config, record, mesh, rules)
-    return model_config, params, step
+  shardings = partitioning.param_shardings(model_config, mesh, rules)
+  abstract = partitioning.abstract_sharded(family_of(model_config).abstract_params(), shardings)
+  # A distillation run's checkpoint also holds its trained projection, not part of the model.
+  params, step = checkpoint_reader.restore_params(checkpoint_path, abstract,
+                                                  ignore=(DISTILLATION_PARAMS,))
+  return model_config, params, step
   shardings = partitioning.param_shardings(model_config, mesh, rules)
   abstract = partitioning.abstract_sharded(family_of(model_config).abstract_params(), shardings)
   # A distillation run's checkpoint also holds its trained projection, not part of the model.

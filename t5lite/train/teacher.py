@@ -17,7 +17,8 @@ from typing import Any
 from t5lite.errors import ConfigError
 from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
-from t5lite.runtime import frozen_model, model_dir
+from t5lite.runtime import model_dir
+from t5lite.export import frozen_model
 
 Tree = Any
 RECORD_FILE = "distillation.json"
@@ -31,7 +32,7 @@ fingerprint = frozen_model.fingerprint
 
 def read(options: DistillationConfig) -> tuple[Teacher, ModelConfig, Tree | None]:
   """(where, config, host params or None) of DistillationConfig's teacher, in its
-  teacher_dtype when set (t5lite.runtime.frozen_model.read)."""
+  teacher_dtype when set (t5lite.export.frozen_model.read)."""
   return frozen_model.read(options.teacher, options.teacher_dtype, "teacher")
 
 

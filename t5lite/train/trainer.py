@@ -66,7 +66,7 @@ from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
-from t5lite.runtime import peft_record
+from t5lite.export import peft_record
 from t5lite.train import loop as loop_lib
 from t5lite.train import peft_run
 from t5lite.train import teacher as teacher_lib

@@ -5,7 +5,7 @@
     tokens = t5lite.generate(bank.config, bank.params_for(ids), inputs, max_decode_length=64)
 
 The base is loaded once (a t5lite MODEL_DIR or an HF directory, as PeftConfig.base names it);
-each adapter is a PEFT run's RUN_DIR (t5lite.runtime.peft_record), whose peft.json must name
+each adapter is a PEFT run's RUN_DIR (t5lite.export.peft_record), whose peft.json must name
 this base by fingerprint. The bank stacks the adapters' leaves on an adapter axis, index 0
 being the base alone (zeros: LoRA's branch then adds exactly 0), and `params_for(ids)` gathers
 one adapter per row: every adapter leaf gets a leading row axis, which the model reads as one
@@ -35,7 +35,8 @@ from flax import traverse_util
 from t5lite.errors import ConfigError
 from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
-from t5lite.runtime import model_dir, peft_record
+from t5lite.runtime import model_dir
+from t5lite.export import peft_record
 
 Tree = Any
 BASE = "base"
@@ -187,7 +188,7 @@ class AdapterBank:
 
   def params_of(self, name: str | None) -> Tree:
     """The whole params tree of one adapter for every row, for config_of(name) (as
-    `model_dir.load_params` of its RUN_DIR joins it), or of the base with zero LoRA adapters
+    `peft_record.load_run` of its RUN_DIR joins it), or of the base with zero LoRA adapters
     (None / BASE)."""
     if self.index(name) == 0:  # the stacks' first entry: zeros
       return adapters.combine(self.base, traverse_util.unflatten_dict({
@@ -225,7 +226,8 @@ def load_bank(base: str | os.PathLike, runs: Mapping[str, str | os.PathLike], me
   every run's fingerprint, each run's adapter half read from its newest checkpoint (or the
   step folder given)."""
   from t5lite.families import family_of
-  from t5lite.runtime import checkpoint_reader, frozen_model, partitioning
+  from t5lite.runtime import checkpoint_reader, partitioning
+  from t5lite.export import frozen_model
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
   read = [read_run(name, path) for name, path in runs.items()]
@@ -276,7 +278,7 @@ def load_model(checkpoint_path: str, adapter: str | None, named, mesh, rules,
                per_row: bool = False):
   """(model_config, params, step, bank, default) of a checkpoint and its adapters.
 
-  Neither adapter nor named: the checkpoint alone (model_dir.load_params), bank None. An
+  Neither adapter nor named: the checkpoint alone (peft_record.load_run), bank None. An
   adapter alone: that RUN_DIR's adapters on the base checkpoint_path, for every row. named
   adapters ({name: RUN_DIR}): params is None and `bank` (an AdapterBank)
   gives each batch's per-row params; `default` is the bank name of rows that name none
@@ -284,7 +286,7 @@ def load_model(checkpoint_path: str, adapter: str | None, named, mesh, rules,
   even for one adapter (rows that say 'base')."""
   named = parse_adapters(named)
   if not adapter and not named:
-    return (*model_dir.load_params(checkpoint_path, mesh, rules), None, None)
+    return (*peft_record.load_run(checkpoint_path, mesh, rules), None, None)
   runs, default = dict(named), None
   if adapter in runs:
     default = adapter

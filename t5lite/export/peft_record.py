@@ -23,10 +23,11 @@ import jax
 from t5lite.errors import ConfigError
 from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
-from t5lite.runtime import frozen_model, model_dir
+from t5lite.runtime import model_dir
+from t5lite.export import frozen_model
 
 Tree = Any
-RECORD_FILE = "peft.json"
+RECORD_FILE = model_dir.PEFT_RECORD_FILE
 
 
 def make(base: str, base_config: ModelConfig, base_params: Tree, adapter: adapters.AdapterConfig,
@@ -122,3 +123,17 @@ def load_params(checkpoint_path: str | os.PathLike, config: ModelConfig, record:
   base = jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), base, wanted_base)
   adapter, step = checkpoint_reader.restore_params(checkpoint_path, wanted_adapter)
   return family.whole(base, adapter), step
+
+
+def load_run(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
+  """(model_config, params, step) of any MODEL_DIR or step folder: a PEFT run's adapters
+  joined to its base (fingerprint checked), any other as model_dir.load_params reads it."""
+  from t5lite.runtime import partitioning
+  record = read(model_dir.model_dir_of(checkpoint_path))
+  if record is None:
+    return model_dir.load_params(checkpoint_path, mesh, rules)
+  config = model_dir.load_model_config(model_dir.model_dir_of(checkpoint_path))
+  mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
+  rules = rules if rules is not None else partitioning.logical_axis_rules()
+  params, step = load_params(checkpoint_path, config, record, mesh, rules)
+  return config, params, step
