@@ -109,6 +109,9 @@ RUN_MODELS = {"gin/runs/bert_finetune.gin": ("gin/models/bert/tiny.gin", 128),
               "gin/runs/stdlib_electra_pretrain.gin": ("gin/models/electra/tiny.gin", 128)}
 
 
+PEFT_RUNS = {"gin/runs/lora.gin": "lora", "gin/runs/prompt_tuning.gin": "prompt_tuning"}
+
+
 @pytest.mark.parametrize("path", RUN_FILES)
 def test_run_file_builds_its_config(path):
   """Every run file, with a model file where it has none and its required macros bound."""
@@ -120,11 +123,14 @@ def test_run_file_builds_its_config(path):
   model_file, d_model = RUN_MODELS.get(path, ("gin/models/tiny.gin", 64))
   # As users run them: the model file, then the run file that adapts it.
   files = [model_file, path] if path in RUN_MODELS else [path, model_file]
+  # A PEFT run starts from BASE, and refuses INITIAL_CHECKPOINT_PATH (full finetuning's).
+  start = "BASE='/tmp/base'" if path in PEFT_RUNS else "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'"
   gin_config.parse(files, [
-      "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'",
-      "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'", "TRAIN_STEPS=2000000",
-      "CHECKPOINT_PATH='/tmp/run'", "TEACHER='/tmp/teacher'"])
+      "MODEL_DIR='/tmp/run'", "MIXTURE_OR_TASK_NAME='stdlib_span_corruption'", start,
+      "TRAIN_STEPS=2000000", "CHECKPOINT_PATH='/tmp/run'", "TEACHER='/tmp/teacher'"])
   config = gin_config.run_config(macro, cls, path)
+  if path in PEFT_RUNS:
+    assert config.peft.base == "/tmp/base" and config.peft.adapter.method == PEFT_RUNS[path]
   if cls is TrainConfig:
     assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
     for name in T5X_MACROS:  # T5X users' scripts can rely on these names

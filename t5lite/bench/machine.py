@@ -111,3 +111,11 @@ def cpu_model() -> str | None:
   except OSError:
     pass
   return None
+
+
+def describe() -> dict:
+  """The machine a benchmark ran on, for its JSON line: CPU model and cores, JAX's backend
+  and device kind (jax is imported here: call it from a benchmark that uses it anyway)."""
+  import jax
+  return {"cpu": cpu_model(), "cores": os.cpu_count(), "backend": jax.default_backend(),
+          "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count()}

@@ -73,8 +73,9 @@ def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   from t5lite.runtime import checkpoint_reader, partitioning
   home = model_dir_of(checkpoint_path)
   if os.path.isfile(os.path.join(home, PEFT_RECORD_FILE)):
-    raise ValueError(f"{home} is a PEFT run (adapters only): read it with "
-                     "t5lite.export.peft_record.load_run, which joins them to its base")
+    raise ConfigError(f"{home} is a PEFT run (adapters only), not a whole model: name the "
+                      "base it adapts (its peft.json's 'base'), or read it with "
+                      "t5lite.export.peft_record.load_run, which joins the two")
   model_config = load_model_config(home)
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
