@@ -162,3 +162,27 @@ def hf_generate(model, inputs: np.ndarray, max_new_tokens: int, **kwargs) -> np.
                          attention_mask=torch.tensor(inputs > 0).long(),
                          max_new_tokens=max_new_tokens, **kwargs).numpy()[:, 1:]
   return np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])))
+
+
+def random_hf_models(tmp_path_factory, classes: dict):
+  """name -> (HF directory, t5lite config, params) of `classes[name]` = (model class, config
+  factory, ...): a random HF model with every weight, biases and norms too, moved off its
+  init (N(0, 0.05) added), saved once and read back through t5lite.load_hf."""
+  import torch
+
+  import t5lite
+  built = {}
+
+  def get(name):
+    if name not in built:
+      cls, make_config = classes[name][:2]
+      torch.manual_seed(0)
+      model = cls(make_config()).eval()
+      with torch.no_grad():
+        for p in model.parameters():
+          p.add_(torch.randn_like(p) * 0.05)
+      path = str(tmp_path_factory.mktemp(name))
+      model.save_pretrained(path)
+      built[name] = (path, *t5lite.load_hf(path))
+    return built[name]
+  return get

@@ -19,18 +19,19 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
+import peft
 import transformers
 
 import t5lite
+from helpers import random_hf_models
 from conftest import REPO
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import params_only, peft_format, peft_record
+from t5lite.export import lora_merge, params_only, peft_format, peft_record
 from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 
-peft = pytest.importorskip("peft")
 T = transformers
 V = 97
 # name: (model class, config, AutoModel class). Biases and norms perturbed in make_hf.
@@ -67,21 +68,7 @@ HEAD = (("head",),)  # the classifier's saved module
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
   """name -> (HF directory, t5lite config, params) of a random HF model, built once."""
-  built = {}
-
-  def get(name):
-    if name not in built:
-      cls, make_config, _ = MODELS[name]
-      torch.manual_seed(0)
-      model = cls(make_config()).eval()
-      with torch.no_grad():
-        for p in model.parameters():
-          p.add_(torch.randn_like(p) * 0.05)
-      path = str(tmp_path_factory.mktemp(name))
-      model.save_pretrained(path)
-      built[name] = (path, *t5lite.load_hf(path))
-    return built[name]
-  return get
+  return random_hf_models(tmp_path_factory, MODELS)
 
 
 def ids_for(seed=1):
@@ -266,7 +253,7 @@ def test_merge_equals_the_adapted_model(base, name, scan):
     config, params = t5lite.load_hf(hf_dir, scan_layers=True)
   adapted = config.replace(adapter=SAVE_CASES[name][0])
   whole = adapters.combine(params, random_adapter(adapted))
-  merged_config, merged = peft_format.merge(adapted, whole)
+  merged_config, merged = lora_merge.merge(adapted, whole)
   assert merged_config == config
   assert jax.tree.structure(merged) == jax.tree.structure(params)
   ids = ids_for()

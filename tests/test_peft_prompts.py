@@ -11,16 +11,17 @@ import jax
 import numpy as np
 import pytest
 import torch
+import peft
 import transformers
 
 import t5lite
+from helpers import random_hf_models
 from t5lite.errors import ConfigError
-from t5lite.export import peft_format, peft_io
+from t5lite.export import lora_merge, peft_io
 from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 
-peft = pytest.importorskip("peft")
 T = transformers
 V, N = 97, 3
 MODELS = {
@@ -48,21 +49,7 @@ PREFIX = AdapterConfig(method="prefix_tuning", num_virtual_tokens=N)
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
   """name -> (HF directory, t5lite config, params) of a random HF model, built once."""
-  built = {}
-
-  def get(name):
-    if name not in built:
-      cls, make_config = MODELS[name]
-      torch.manual_seed(0)
-      model = cls(make_config()).eval()
-      with torch.no_grad():
-        for p in model.parameters():
-          p.add_(torch.randn_like(p) * 0.05)
-      path = str(tmp_path_factory.mktemp(name))
-      model.save_pretrained(path)
-      built[name] = (path, *t5lite.load_hf(path))
-    return built[name]
-  return get
+  return random_hf_models(tmp_path_factory, MODELS)
 
 
 def ids_for(seed=1, shape=(2, 7)):
@@ -234,7 +221,7 @@ def test_merge_and_encoder_decoder_prefix_export_are_refused(base, tmp_path):
   _, config, params = base("t5")
   prompted = config.replace(adapter=PROMPT)
   with pytest.raises(ConfigError, match="cannot be merged"):
-    peft_format.merge(prompted, adapters.combine(params, random_adapter(prompted)))
+    lora_merge.merge(prompted, adapters.combine(params, random_adapter(prompted)))
   prefixed = config.replace(adapter=PREFIX)
   with pytest.raises(ConfigError, match="Li and Liang"):
     peft_io.save(prefixed, adapters.combine(params, random_adapter(prefixed)),

@@ -72,14 +72,14 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
   """An HF directory from a t5lite checkpoint: weights, config and tokenizer files. A model
   of several networks (ELECTRA's generator and discriminator) gives one directory each,
   out/<network name>. A LoRA model exports with merge only: its adapters folded into the
-  kernels (t5lite.export.peft_format.merge)."""
-  from t5lite.export import hf, hf_tokenizer, params_only, peft_format
+  kernels (t5lite.export.lora_merge.merge)."""
+  from t5lite.export import hf, hf_tokenizer, lora_merge, params_only
   from t5lite.families import family_of
   config, params, step, vocabulary = _load(checkpoint)
   merged = config.adapter is not None
   if merged:
     if config.adapter.method != "lora" or merge:
-      config, params = peft_format.merge(config, params)  # refuses prompts and prefixes
+      config, params = lora_merge.merge(config, params)  # refuses prompts and prefixes
     else:
       raise ConfigError(f"{checkpoint} is a LoRA model (r={config.adapter.r}, target_modules="
                         f"{list(config.adapter.target_modules)}): HF's model has no LoRA. "

@@ -1,9 +1,9 @@
-"""LoRA adapters <-> the peft library's adapter directories, and folding LoRA into the base.
+"""LoRA adapters <-> the peft library's adapter directories (folding LoRA into the base:
+t5lite.export.lora_merge).
 
     save_peft(config, params, out)        adapter_config.json + adapter_model.safetensors, as
                                           peft's PeftModel.save_pretrained writes them
     load_peft(adapter_dir, base_config)   (AdapterConfig, adapter params, saved modules)
-    merge(config, params)                 kernels += scale * A B: the plain model
 
 Names come from the model's HF layout (hf_layout Entries): an HF Linear (or GPT-2 Conv1D)
 tensor `<module>.weight` holding our kernel is where peft puts that kernel's LoRA, as
@@ -436,34 +436,3 @@ def in_layout(base: ModelConfig, flat: dict, where: str) -> Tree:
                         f"of {n} only; a scan_layers=True model adapts every layer alike: use "
                         "a base config with scan_layers=False")
   return scan_params(traverse_util.unflatten_dict(flat), base)
-
-
-# --- merge ----------------------------------------------------------------------------------
-
-def merge(config: ModelConfig, params: Tree) -> tuple[ModelConfig, Tree]:
-  """(config without adapter, params with every LoRA folded into its kernel): kernel +=
-  scale * A B in float32, cast back to the kernel's dtype. Saved modules stay (they are
-  part of the model). Scanned or not."""
-  adapter = _adapter(config)
-  if adapter.method != "lora":
-    raise ConfigError(f"a {adapter.method} model cannot be merged: its "
-                      f"{'soft prompt' if adapter.method == 'prompt_tuning' else 'prefixes'} "
-                      "are extra inputs, not a change of weights, so no plain HF model equals "
-                      "it. Use `t5lite export peft` (peft loads it onto the base) or keep the "
-                      "RUN_DIR")
-  scale = adapter.scale
-  flat = traverse_util.flatten_dict(params)
-  out = {k: v for k, v in flat.items() if not adapters.is_adapter_path(k)}
-  for path in flat:
-    if path[-1] != LORA_A:
-      continue
-    module = path[:-1]
-    kernel = flat[module + ("kernel",)]
-    a = np.asarray(flat[path], np.float32)
-    b = np.asarray(flat[module + (LORA_B,)], np.float32)
-    lead = a.ndim + b.ndim - 2 - len(kernel.shape)  # a stacked layer axis (scan_layers)
-    r = a.shape[-1]
-    delta = np.matmul(a.reshape(a.shape[:lead] + (-1, r)), b.reshape(b.shape[:lead + 1] + (-1,)))
-    merged = np.asarray(kernel, np.float32) + scale * delta.reshape(kernel.shape)
-    out[module + ("kernel",)] = merged.astype(kernel.dtype)
-  return config.replace(adapter=None), traverse_util.unflatten_dict(out)
