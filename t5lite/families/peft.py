@@ -195,8 +195,10 @@ class Peft(Family):
 
   def whole(self, base: Tree, adapter: Tree) -> Tree:
     """The adapted model's params: the halves joined, a prefix MLP turned into its prefixes."""
-    return adapters.materialize(self.config, adapters.combine(base, adapter),
-                                self.inner.abstract_params())
+    whole = adapters.combine(base, adapter)
+    if adapters.PREFIX_ENCODER not in whole:
+      return whole
+    return adapters.materialize(self.config, whole, self.inner.abstract_params())
 
   def with_initial_prompt(self, adapter: Tree, base: Tree, ids: tuple[int, ...]) -> Tree:
     """A fresh adapter half whose soft prompt starts as the base's embeddings of `ids`

@@ -152,8 +152,8 @@ class _Stack(nn.Module):
     projected to d_model when the embeddings are factorized. (B, L) -> ((B, L, D), positions).
 
     prompt: prompt tuning's n soft tokens go first, where HF's inputs_embeds would have them
-    (peft): rows (B, n + L, D) whose positions are 0..n-1 then the tokens' own moved up by n,
-    token type 0. Prefix tuning moves the encoded positions up by its n slots (peft's past
+    (peft): rows (B, n + L, D) whose positions are 0..n-1 then the tokens' own (which the
+    caller has moved up by n), token type 0. Prefix tuning moves the encoded positions up by its n slots (peft's past
     key values come first). Returns the rows' positions (their cache slots)."""
     cfg = self.config
     x = self.embedder(tokens)  # (B, L, E)
@@ -240,15 +240,15 @@ class Decoder(_Stack):
     n = adapters.prompt_tokens(cfg, input_stack=encoded is None)
     prepend = bool(n) and (prefill or not self.cache_length)
     x, positions = self.embed(tokens, positions + n, prompt=prepend)
-    if prepend and causal_attention is not None:
-      causal_attention = jnp.pad(causal_attention, ((0, 0), (n, 0)))  # the prompt is causal
     length = x.shape[1]
     if self.cache_length:  # keys are cache slots; no packing while decoding
+      if prepend and causal_attention is not None:  # the prompt's slots are causal
+        causal_attention = jnp.pad(causal_attention, ((0, 0), (n, 0)))
       self_bias = mask_to_bias(cache_mask(positions, self.cache_length, causal_attention))
       key_length, query_offset = self.cache_length, positions[:, 0]  # (B, 1, L, T), (B,)
     else:
       mask = (causal_mask(tokens.shape[1]) if causal_attention is None
-              else prefix_lm_mask(causal_attention[:, n if prepend else 0:]))
+              else prefix_lm_mask(causal_attention))
       mask = mask & segment_mask(segment_ids, segment_ids)
       if prepend:  # causal: the prompt sees itself only, every token sees it
         mask = with_prompt(mask, segment_ids > 0, n, causal=True)
