@@ -10,3 +10,16 @@ table and ends with one JSON line of its figures, including `ratio_vs_hf`.
   peft            full finetuning vs LoRA vs prompt tuning: step time, trainable params,
                   optimizer-state bytes, and ROUGE on the embedded summarization task
 """
+import os
+import shutil
+
+
+def fresh_out(out: str, overwrite: bool = False) -> None:
+  """A benchmark's output folder, new or empty; an earlier run's is replaced only with
+  overwrite (it may hold results someone wants)."""
+  if os.path.isdir(out) and os.listdir(out):
+    if not overwrite:
+      raise FileExistsError(f"--out {out} is not empty; choose a new folder, or pass "
+                            "--overwrite to replace this benchmark's earlier output")
+    shutil.rmtree(out)
+  os.makedirs(out, exist_ok=True)

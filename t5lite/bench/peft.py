@@ -43,11 +43,12 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import time
 from typing import Any, Callable
+
+from t5lite.bench import fresh_out
 
 METHODS = ("full", "lora", "prompt_tuning")
 TASK = "stdlib_docstring_summary"
@@ -269,12 +270,7 @@ def run(*, model: str = "bench", methods: tuple[str, ...] = METHODS, batch_size:
   import t5lite_tasks  # noqa: F401 (registers the embedded tasks: the runs' TrainConfig names one)
   log = log or (lambda _: None)
   learning_rates = {**LEARNING_RATES, **(learning_rates or {})}
-  if os.path.isdir(out) and os.listdir(out):
-    if not overwrite:
-      raise FileExistsError(f"--out {out} is not empty; choose a new folder, or pass "
-                            "--overwrite to replace this benchmark's earlier output")
-    shutil.rmtree(out)
-  os.makedirs(out, exist_ok=True)
+  fresh_out(out, overwrite)
   started = time.time()
 
   config = model_config(model)

@@ -34,11 +34,11 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 
+from t5lite.bench import fresh_out
 from t5lite.train.plot import read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
@@ -181,12 +181,7 @@ def plot(result: dict, path: str) -> None:
 def run(out: str, pretrain_steps: int, finetune_steps: int, teacher_layers: int,
         student_layers: list[int], overwrite: bool = False,
         parts: tuple[str, ...] = PARTS) -> dict:
-  if os.path.isdir(out) and os.listdir(out):
-    if not overwrite:
-      raise FileExistsError(f"--out {out} is not empty; choose a new folder, or pass "
-                            "--overwrite to replace this benchmark's earlier output")
-    shutil.rmtree(out)
-  os.makedirs(out, exist_ok=True)
+  fresh_out(out, overwrite)
   started = time.time()
   result = {"bench": "recipes",
             "electra_vs_bert": (electra_vs_bert(out, pretrain_steps, finetune_steps)
