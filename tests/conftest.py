@@ -9,7 +9,11 @@ import pathlib
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".jax_cache"))
+# One compilation cache per pytest-xdist worker (gw0, gw1, ...; their test subprocesses
+# inherit it): workers never read an entry the other is writing.
+_cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(REPO / ".jax_cache")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+    _cache, os.environ.get("PYTEST_XDIST_WORKER", ""))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # The embedded corpus and its vocabulary are built once here and reused by later runs.

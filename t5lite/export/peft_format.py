@@ -95,8 +95,9 @@ def task_type(config: ModelConfig) -> str | None:
   """peft's TaskType of the model's HF class (None: a plain PeftModel, e.g. a BERT MLM)."""
   if config.head:
     return HEAD_TASKS.get(config.head)
-  return {"encoder_decoder": "SEQ_2_SEQ_LM", "decoder_only": "CAUSAL_LM"}.get(
-      config.architecture)
+  if config.has_decoder:  # an encoder and a decoder: seq2seq; a decoder alone: a causal LM
+    return "SEQ_2_SEQ_LM" if config.has_encoder else "CAUSAL_LM"
+  return None
 
 
 def _adapter(config: ModelConfig) -> AdapterConfig:

@@ -49,7 +49,7 @@ def input_stack(config: ModelConfig) -> str:
 
 def _prefix_stack(config: ModelConfig) -> tuple[str, int]:
   """(stack, layers) of a prefix-tuned model that peft can hold, else a ConfigError."""
-  if config.architecture == "encoder_decoder":
+  if config.has_encoder and config.has_decoder:
     raise ConfigError(
         "peft's prefix tuning of an encoder-decoder model reaches only the decoder's "
         "self-attention, with its own mapping of layers to prefix slots; t5lite's follows Li "
