@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 from t5lite.errors import ConfigError
@@ -94,6 +95,11 @@ def topology_devices(name: str, num_slices: int = 1) -> list:
   if not isinstance(num_slices, int) or num_slices < 1:
     raise ConfigError(f"--num_slices must be a positive integer, got {num_slices!r}")
   require_libtpu()
+  # libtpu takes a host-wide lock file when it loads (one process drives a host's chips);
+  # compiling drives no chip, and another process on this host may hold it (a test worker, a
+  # second compile): without this, "Internal error when accessing libtpu multi-process
+  # lockfile". Read when libtpu loads, so before the first topology of this process.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   import jax
   from jax.experimental import topologies
   canonical = f"{chip.name}:{'x'.join(map(str, shape))}"
@@ -103,8 +109,11 @@ def topology_devices(name: str, num_slices: int = 1) -> list:
   try:
     devices = topologies.get_topology_desc(topology_name=canonical, platform="tpu",
                                            **kwargs).devices
-  except jax.errors.JaxRuntimeError as e:  # libtpu refuses the shape (e.g. v5e:3x3)
-    detail = str(e).split("\n")[0].removeprefix("INVALID_ARGUMENT: ")
+  except jax.errors.JaxRuntimeError as e:
+    detail = str(e).split("\n")[0]
+    if not detail.startswith("INVALID_ARGUMENT: "):  # not about the name: libtpu's own words
+      raise ConfigError(f"libtpu could not describe TPU topology {name!r}: {detail}") from e
+    detail = detail.removeprefix("INVALID_ARGUMENT: ")  # libtpu refuses the shape: v5e:3x3
     raise ConfigError(f"libtpu has no TPU topology {name!r} ({detail}); {_known()}") from e
   expected = math.prod(shape) * num_slices
   if len(devices) != expected:  # a libtpu that counts cores, not chips: say so, do not guess

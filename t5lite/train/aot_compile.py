@@ -216,9 +216,10 @@ def _cost(compiled, program: step_program.StepProgram, chip, devices: int,
   cost = cost or {}
   flops = float(cost.get("flops", 0.0))
   raw = cost.get("optimal_seconds")
-  # XLA:TPU's estimate comes out negative (near minus an integer) for many programs compiled
-  # for a topology on a CPU host, e.g. data-parallel steps with their gradient all-reduces,
-  # as if each op it cannot time counted -1 s: no estimate then, the raw value kept.
+  # XLA:TPU's estimate comes out negative (near minus an integer: -13.9993, -1273.898) for
+  # several programs compiled for a topology on a CPU host (seen with data-parallel meshes and
+  # a 32k vocabulary; not with tensor=4), as if each op it cannot time counted -1 s; the
+  # cause is not known: no estimate then, the raw value kept.
   seconds = float(raw) if raw is not None and float(raw) > 0 else None
   out: dict[str, Any] = {"flops_per_device": flops, "optimal_seconds": seconds,
                          "xla_optimal_seconds_raw": None if raw is None else float(raw),
