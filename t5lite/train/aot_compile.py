@@ -29,7 +29,7 @@ Distillation and PEFT runs (whose steps read a teacher or base from disk) are no
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import math
 import os
@@ -137,7 +137,7 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
     fn, args, extra = _decode_call(model_config, config, built)
   report.update(extra)
   start = time.perf_counter()
-  with part.activate(mesh, built.rules):
+  with part.activate(mesh, built.rules), _no_persistent_cache():
     lowered = fn.lower(*args)
     try:
       compiled = lowered.compile()
@@ -157,6 +157,18 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
   report.update(_memory(compiled, chip.hbm_bytes))
   report.update(_cost(compiled, built, chip, len(devices), program))
   return report
+
+
+@contextlib.contextmanager
+def _no_persistent_cache():
+  """JAX's persistent compilation cache off: it would store the compile-only TPU executable
+  (large: 0.5 GiB of code for T5 base) and cannot load it back without a TPU client."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
 
 
 def _state_bytes(program: step_program.StepProgram) -> dict[str, int]:
