@@ -2,8 +2,9 @@
 
 train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags, and the
 multi-host flags (--coordinator_address, --num_processes, --process_id); without them a pod's
-layout is detected from its environment (t5lite/launch/cluster.py). The other verbs take plain
-flags.
+layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
+gin flags as train, without the multi-host ones (one process compiles for a whole pod:
+t5lite/train/aot_compile.py), and `smoke` takes a model's. The other verbs take plain flags.
 
 Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
 names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:
