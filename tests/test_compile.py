@@ -197,3 +197,12 @@ def test_decode_program_compiles_for_the_run_decode_settings():
   assert r["flops_per_device"] > 0 and r["estimated_mfu"] is None
   assert r["argument_bytes"] >= r["params_bytes_per_device"]
   assert np.isfinite(r["bytes_per_device"])
+
+
+def test_scanned_layers_are_flagged_xla_counts_a_loop_body_once():
+  """XLA's cost analysis counts a while loop's body once: a scanned model's flops come out
+  far below the cost model (one layer of each stack instead of all), and the report says so."""
+  model = MODEL.replace(scan_layers=True, num_encoder_layers=4, num_decoder_layers=4)
+  r = aot_compile.compile_for_tpu(model, _config(), "v5e:2x2")
+  assert "scanned layers" in r["xla_cost_counts_loop_bodies_once"]
+  assert r["xla_over_analytic_flops"] < 0.6
