@@ -38,8 +38,9 @@ def test_libtpu_is_installed():
 
 
 def _config(**changes) -> TrainConfig:
-  return TrainConfig(model_dir="unused", train_steps=1, batch_size=8,
-                     mixture_or_task_name="unused", task_feature_lengths=LENGTHS, **changes)
+  return TrainConfig(**{"model_dir": "unused", "train_steps": 1, "batch_size": 8,
+                        "mixture_or_task_name": "unused", "task_feature_lengths": LENGTHS,
+                        **changes})
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +207,21 @@ def test_scanned_layers_are_flagged_xla_counts_a_loop_body_once():
   r = aot_compile.compile_for_tpu(model, _config(), "v5e:2x2")
   assert "scanned layers" in r["xla_cost_counts_loop_bodies_once"]
   assert r["xla_over_analytic_flops"] < 0.6
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_abstract_batch_is_what_the_run_converter_makes(pack):
+  """Keys, dtypes and lengths of the compiled step's batch = a real converted row's."""
+  import grain
+
+  from t5lite.train import step_program
+  config = _config(pack=pack, task_feature_lengths={"inputs": 8, "targets": 6})
+  mesh = part.make_mesh(part.MeshConfig(data=-1), jax.devices()[:2])
+  program = step_program.build(family_of(tiny()), config, mesh, part.logical_axis_rules())
+  examples = [{"inputs": np.array([5, 6, 7, 1]), "targets": np.array([8, 9, 1])}] * 4
+  row = next(iter(program.converter(grain.MapDataset.source(examples),
+                                    config.task_feature_lengths)))
+  batch = program.abstract_batch()
+  assert sorted(batch) == sorted(row)
+  for key, value in row.items():
+    assert batch[key].dtype == value.dtype and batch[key].shape == (8, value.shape[-1]), key
