@@ -17,9 +17,11 @@ $(VENV)/.installed-demo: setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# torch==2.13.0 is the CPU build these machines carry (see setup.py's test extra).
+# torch==2.13.0 is the CPU build these machines carry (see setup.py's test extra). The tpu
+# extra (libtpu, matching the installed jax) is what tests/test_compile.py compiles TPU
+# programs with: without it those tests fail rather than skip.
 $(VENV)/.installed-test: setup.py | $(BIN)/python
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,tpu]"
 	touch $@ $(VENV)/.installed-demo
 
 demo: $(VENV)/.installed-demo

@@ -48,6 +48,14 @@ setup(
         "flatbuffers>=24.3.25",  # jax.export serialization (t5lite export serving)
     ],
     extras_require={
+        # `t5lite compile` for TPU pods (on any host): libtpu, the exact version jax[tpu] pins
+        # for a jax version (jax 0.10.2 -> libtpu 0.0.42.*). Through jax's own extra, with the
+        # same range as install_requires: pip keeps an installed jax that satisfies it (its
+        # default upgrade strategy, only-if-needed) and adds the libtpu of *that* jax, so
+        # `pip install -e .[tpu]` never moves jax; a fresh install gets the newest jax and its
+        # libtpu together (Python 3.11: jax 0.10.x, 3.12: 0.12.x). Pinning libtpu itself here
+        # would tie t5lite to one jax. Only `pip install -U` would upgrade jax (and libtpu).
+        "tpu": ["jax[tpu]>=0.10.0"],
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",

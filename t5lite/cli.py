@@ -2,8 +2,9 @@
 
 train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags, and the
 multi-host flags (--coordinator_address, --num_processes, --process_id); without them a pod's
-layout is detected from its environment (t5lite/launch/cluster.py). The other verbs take plain
-flags.
+layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
+gin flags as train, without the multi-host ones (one process compiles for a whole pod:
+t5lite/train/aot_compile.py), and `smoke` takes a model's. The other verbs take plain flags.
 
 Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
 names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:
@@ -28,6 +29,8 @@ GIN_VERBS = {
     "eval": "evaluate a checkpoint on tasks or mixtures with their metrics",
     "infer": "decode text inputs (file or stdin) with a checkpoint, JSONL out",
 }
+COMPILE_HELP = ("compile the train step (or decoding) for a TPU topology on this host: memory "
+                "per device against HBM, XLA's flops and estimated step time")
 # Plain-flag verbs, each handled by main(argv) of its own module (which loads only what it needs).
 PLAIN_VERBS = {
     "export": ("export a checkpoint: HF transformers (hf), params only (params), or a jax.export "
@@ -77,11 +80,36 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--batch_size", type=int, default=8)
   smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
   smoke.add_argument("--seed", type=int, default=0)
+  compile_ = verbs.add_parser(
+      "compile", help=COMPILE_HELP, description=COMPILE_HELP + ": same --gin_file / --gin.X "
+      "flags as train (MODEL_DIR and MIXTURE_OR_TASK_NAME may be left out); prints a table and "
+      "one JSON line (fits, bytes_per_device, flops_per_device, estimated_mfu, ...)",
+      epilog=GIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+  _add_compile_flags(compile_)
   _add_data_verbs(verbs)
   for verb, (text, _) in PLAIN_VERBS.items():
     sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
     sub.add_argument("args", nargs=argparse.REMAINDER, help="flags of the verb (--help)")
   return parser
+
+
+def _add_compile_flags(parser) -> None:
+  """`t5lite compile`'s own flags (t5lite.train.aot_compile, imported only when it runs)."""
+  parser.add_argument("--topology", default=None, metavar="NAME",
+                      help="a TPU topology in chips: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB, "
+                      "e.g. v5e:16x16 (required for --platform tpu)")
+  parser.add_argument("--num_slices", "--num-slices", type=int, default=1,
+                      help="slices of the topology (multislice: the mesh's data axis spans them)")
+  parser.add_argument("--program", choices=("train", "decode"), default="train",
+                      help="train: the train step; decode: the generate program (encoder, "
+                      "prefill, decode loop) of TrainConfig.decode's settings")
+  parser.add_argument("--emit-hlo", "--emit_hlo", dest="emit_hlo", default=None, metavar="DIR",
+                      help="write the optimized HLO text here (the lowered StableHLO for cuda)")
+  parser.add_argument("--platform", choices=("tpu", "cuda"), default="tpu",
+                      help="tpu: compile with libtpu; cuda: lower (not compile) for GPUs, "
+                      "without libtpu")
+  parser.add_argument("--devices", type=int, default=8,
+                      help="GPUs of the abstract mesh for --platform cuda (default 8)")
 
 
 def _add_adapter_flags(sub, verb: str) -> None:
@@ -245,6 +273,14 @@ def _train(args) -> int:
   return PREEMPTED_EXIT_CODE if result.preempted else 0
 
 
+def _compile(args) -> int:
+  from t5lite.train import aot_compile
+  # A run's MODEL_DIR and task are not needed to compile its step: placeholders when unset.
+  return aot_compile.main(args, gin_config.model_config(), gin_config.train_config(
+      fill={"model_dir": "unused-by-t5lite-compile",
+            "mixture_or_task_name": "unused-by-t5lite-compile"}))
+
+
 def _initialize(args) -> None:
   """The multi-host runtime, from flags or the cluster; before anything touches a device."""
   distributed.initialize(distributed.resolve(
@@ -268,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         raise gin_config.GinConfigError(f"t5lite {rest[0]} takes no gin flags")
       return _plain_verb(rest[0], rest[1:])
     args = _parser().parse_args(rest)
-    takes_gin = args.verb in GIN_VERBS or args.verb == "smoke"
+    takes_gin = args.verb in GIN_VERBS or args.verb in ("smoke", "compile")
     if (gin_files or bindings) and not takes_gin:
       raise gin_config.GinConfigError(f"t5lite {args.verb} takes no gin flags")
     if takes_gin:
@@ -282,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
       _initialize(args)
     if args.verb == "smoke":
       return _smoke(args)
+    if args.verb == "compile":
+      return _compile(args)
     if args.verb == "eval":
       return _eval(args)
     if args.verb == "infer":
@@ -314,7 +352,7 @@ def _one_line(error: Exception) -> str:
 
 def _prog(argv: list[str]) -> str:
   """'t5lite VERB' for the first verb named in argv (error lines name it), else 't5lite'."""
-  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "plot"}
+  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "plot", "compile"}
   return " ".join(["t5lite"] + [a for a in argv if a in verbs][:1])
 
 

@@ -231,14 +231,20 @@ def _build(macro: str, cls, hint: str):
     raise GinConfigError(f"{macro} cannot be built: {e}") from e
 
 
-def run_config(macro: str, cls, run_file: str):
-  """The `cls` instance a run file (gin/runs/...) built as %macro, every required macro set."""
+def run_config(macro: str, cls, run_file: str, fill: dict | None = None):
+  """The `cls` instance a run file (gin/runs/...) built as %macro, every required macro set
+  (fill: values for fields whose macro is left %gin.REQUIRED, e.g. a placeholder MODEL_DIR
+  for `t5lite compile`, which writes nothing there)."""
   config = _build(macro, cls, f"add a run file, e.g. --gin_file={run_file}")
   if not isinstance(config, cls):
     raise GinConfigError(f"{macro} must be @{cls.__name__}(), got {type(config).__name__}")
   # A macro set to %gin.REQUIRED reaches the dataclass as gin's REQUIRED marker; the field
   # names of the required ones are T5X's macro names in lower case.
   missing = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) is gin.REQUIRED]
+  filled = {name: fill[name] for name in missing if name in (fill or {})}
+  if filled:
+    config = dataclasses.replace(config, **filled)
+    missing = [name for name in missing if name not in filled]
   if missing:
     flags = " ".join(f"--gin.{name.upper()}=..." for name in missing)
     raise GinConfigError(f"the run file requires {', '.join(n.upper() for n in missing)}: "
@@ -246,9 +252,9 @@ def run_config(macro: str, cls, run_file: str):
   return config
 
 
-def train_config() -> TrainConfig:
+def train_config(fill: dict | None = None) -> TrainConfig:
   """The TrainConfig that the parsed run file (e.g. gin/runs/pretrain.gin) built."""
-  return run_config("TRAIN_CONFIG", TrainConfig, "gin/runs/pretrain.gin")
+  return run_config("TRAIN_CONFIG", TrainConfig, "gin/runs/pretrain.gin", fill)
 
 
 def macro(name: str, default=None):

@@ -18,6 +18,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # The embedded corpus and its vocabulary are built once here and reused by later runs.
 os.environ.setdefault("T5LITE_DATA_DIR", str(REPO / ".t5lite_data"))
+# The suite runs on CPU devices. The tpu extra (libtpu, for `t5lite compile`) is installed
+# too: without JAX_PLATFORMS, every process's backend setup would try the TPU first, loading
+# libtpu, which prints warnings on a host without TPUs (into subprocesses' stderr) and takes
+# a host-wide lock file that the other test workers' topology descriptions then trip on.
+# Compiling for a TPU topology needs neither (t5lite/runtime/topologies.py).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()

@@ -93,17 +93,30 @@ class MeshConfig:
     return self.sizes
 
 
-def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None,
+              num_slices: int = 1) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh over all devices (or the given ones).
 
   Axes are AxisType.Auto (GSPMD): jax.make_mesh defaults to Explicit axes, under which linen's
   logical constraints assert shardings instead of requesting them. jax.make_mesh also orders
   devices by physical topology; the last axis (tensor, the chattiest) varies fastest, so its
-  groups are neighbouring devices.
+  groups are neighbouring devices. Several TPU slices (num_slices, joined by the data-center
+  network): the 'data' axis spans them, each slice holding data / num_slices of its groups, so
+  only the gradient all-reduce crosses slices.
   """
   sizes = config.resolve(None if devices is None else len(devices))
-  return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  if num_slices == 1:
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+  if sizes[0] % num_slices:
+    raise ConfigError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} over "
+                      f"{num_slices} slices: the data axis spans the slices, so it must be a "
+                      f"multiple of {num_slices}")
+  from jax.experimental import mesh_utils
+  grid = mesh_utils.create_hybrid_device_mesh(
+      (sizes[0] // num_slices, *sizes[1:]), (num_slices, 1, 1),
+      devices=devices if devices is not None else jax.devices())
+  return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def logical_axis_rules(fsdp: bool = False) -> LogicalRules:
@@ -132,8 +145,12 @@ def activate(mesh: Mesh, rules: LogicalRules) -> Iterator[Mesh]:
   """Enters the mesh and the logical rules together, so linen's with_logical_constraint acts.
 
   jax.set_mesh, not the legacy `with mesh:`, under which linen silently skips constraints.
+  An AbstractMesh (devices not at hand: `t5lite compile --platform cuda`) is entered with
+  jax.sharding.use_abstract_mesh, enough to trace and lower.
   """
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  enter = (jax.sharding.use_abstract_mesh if isinstance(mesh, jax.sharding.AbstractMesh)
+           else jax.set_mesh)
+  with enter(mesh), nn.logical_axis_rules(rules):
     yield mesh
 
 

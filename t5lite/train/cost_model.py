@@ -16,6 +16,7 @@ PEAK_FLOPS: dict[str, float] = {
     "tpu v4": 275e12,
     "tpu v5e": 197e12,
     "tpu v5p": 459e12,
+    "tpu v6e": 918e12,
 }
 
 # jax device_kind strings vary ('NVIDIA H100 80GB HBM3', 'TPU v5 lite', 'TPU v5'), so each
@@ -27,6 +28,7 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\bv4\b", "tpu v4"),
     (r"\bv5\s*(e|lite(pod)?)\b", "tpu v5e"),
     (r"\bv5\s*p\b|\bv5$", "tpu v5p"),
+    (r"\bv6\s*(e|lite)\b", "tpu v6e"),
 )
 
 

@@ -69,11 +69,12 @@ from t5lite.runtime import partitioning as part
 from t5lite.export import peft_record
 from t5lite.train import loop as loop_lib
 from t5lite.train import peft_run
+from t5lite.train import step_program
 from t5lite.train import teacher as teacher_lib
 from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
-from t5lite.train.optimizers import OptimizerConfig, make_optimizer, trainable_only
-from t5lite.train.step import StepConfig, eval_step, windowed_train_step, with_fixed_params
+from t5lite.train.optimizers import OptimizerConfig
+from t5lite.train.step import StepConfig, with_fixed_params
 from t5lite.train.train_state import TrainState
 
 Tree = Any
@@ -197,7 +198,7 @@ class Trainer:
   def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
     self.model_config, self.config = model_config, config
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
-    part.check_batch_size(config.batch_size, self.mesh)
+    part.check_batch_size(config.batch_size, self.mesh)  # before a teacher or base is read
     # The slice of each global batch this process computes: the rows its devices hold.
     self.batch_slice = part.process_batch_slice(self.mesh)
     self.rules = part.logical_axis_rules(fsdp=config.fsdp)
@@ -214,23 +215,6 @@ class Trainer:
                                    self.rules)
       self.model_config, self.family = self.peft.model_config, self.peft.family
     self.is_primary = jax.process_index() == 0
-    self.converter = self.family.converter(pack=config.pack)
-    params = self.family.abstract_params()
-    self.optimizer = trainable_only(
-        make_optimizer(config.optimizer, self.family.param_logical_axes()),
-        self.family.trainable_mask(params))
-    self.param_shardings = part.param_shardings(self.family, self.mesh, self.rules)
-    abstract_state = jax.eval_shape(functools.partial(TrainState.create,
-                                                      optimizer=self.optimizer), params)
-    self.state_shardings = TrainState(
-        step=NamedSharding(self.mesh, P()), params=self.param_shardings,
-        opt_state=part.state_shardings(abstract_state.opt_state,
-                                       self.optimizer.state_axes(params), self.mesh,
-                                       self.rules))
-    self.abstract_state = part.abstract_sharded(abstract_state, self.state_shardings)
-    self.abstract_params = part.abstract_sharded(params, self.param_shardings)
-    self.replicated = NamedSharding(self.mesh, P())
-    batch_sharding = part.batch_sharding(self.mesh)
     # A distillation teacher: an argument of every step (the loss's fixed_params), never
     # donated, differentiated or saved.
     self.fixed_params = None if self.peft is None else self.peft.base
@@ -238,18 +222,17 @@ class Trainer:
       self.fixed_params = teacher_lib.load(self.teacher, teacher_config, teacher_params,
                                            self.mesh, self.rules)
       self.teacher_record = teacher_lib.record(distill, teacher_config, self.fixed_params)
-    fixed = (() if self.fixed_params is None
-             else (jax.tree.map(lambda x: x.sharding, self.fixed_params),))
-    step_fn = jax.jit(
-        functools.partial(windowed_train_step, family=self.family, optimizer=self.optimizer,
-                          step_config=config.step, seed=config.seed),
-        in_shardings=(self.state_shardings, self.replicated, batch_sharding, *fixed),
-        out_shardings=(self.state_shardings, self.replicated, self.replicated),
-        donate_argnums=(0, 1))
-    eval_fn = jax.jit(functools.partial(eval_step, family=self.family),
-                      in_shardings=(self.param_shardings, batch_sharding, *fixed))
-    self.step_fn = with_fixed_params(step_fn, self.fixed_params)
-    self.eval_fn = with_fixed_params(eval_fn, self.fixed_params)
+    fixed = (None if self.fixed_params is None
+             else jax.tree.map(lambda x: x.sharding, self.fixed_params))
+    # The same function builds what `t5lite compile` compiles for a TPU topology.
+    self.program = step_program.build(self.family, config, self.mesh, self.rules, fixed)
+    program = self.program
+    self.converter, self.optimizer = program.converter, program.optimizer
+    self.param_shardings, self.state_shardings = program.param_shardings, program.state_shardings
+    self.abstract_state, self.abstract_params = program.abstract_state, program.abstract_params
+    self.replicated = program.replicated
+    self.step_fn = with_fixed_params(program.step_fn, self.fixed_params)
+    self.eval_fn = with_fixed_params(program.eval_fn, self.fixed_params)
 
   def model_params(self, params: Tree) -> Tree:
     """The whole model's params of a train state's: a PEFT run's adapters joined to the base."""

@@ -1,0 +1,227 @@
+"""`t5lite compile`: the run's train step compiled for a TPU topology on this CPU host.
+
+These tests need libtpu (the `tpu` extra, which `make test` installs): without it they fail,
+they do not skip. On a CPU host libtpu prints warnings about TPU_ACCELERATOR_TYPE /
+TPU_WORKER_HOSTNAMES when it loads; they are noise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from helpers import tiny
+from t5lite import cli
+from t5lite.families import family_of
+from t5lite.runtime import partitioning as part
+from t5lite.train import aot_compile
+from t5lite.train.trainer import TrainConfig
+
+GIN = ["--gin_file=gin/runs/pretrain.gin", "--gin_file=gin/models/tiny.gin",
+       "--gin.BATCH_SIZE=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
+# Big enough that matmuls dominate XLA's count (see test_flops_*), small enough to compile in
+# seconds.
+MODEL = tiny(d_model=256, d_ff=1024, num_heads=4, d_kv=64, vocab_size=1024)
+LENGTHS = {"inputs": 128, "targets": 32}
+
+
+def test_libtpu_is_installed():
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    pytest.fail("libtpu is missing: `make test` installs it (pip install -e '.[test,tpu]')")
+
+
+def _config(**changes) -> TrainConfig:
+  return TrainConfig(**{"model_dir": "unused", "train_steps": 1, "batch_size": 8,
+                        "mixture_or_task_name": "unused", "task_feature_lengths": LENGTHS,
+                        **changes})
+
+
+@pytest.fixture(scope="module")
+def v5e_report():
+  """The tiny T5 on v5e:2x2 (4 chips) as data=2 x tensor=2: params split over 'tensor'."""
+  config = _config(mesh=part.MeshConfig(data=2, fsdp=1, tensor=2))
+  return aot_compile.compile_for_tpu(MODEL, config, "v5e:2x2")
+
+
+def _hand_param_bytes(model_config, tensor: int) -> int:
+  """One device's params: every parameter's f32 bytes, its vocab / mlp / heads dimension cut
+  over the tensor axis (logical_axis_rules without fsdp), everything else replicated."""
+  family = family_of(model_config)
+  split = {"vocab": tensor, "mlp": tensor, "heads": tensor}
+  shapes = jax.tree.leaves(family.abstract_params())
+  names = jax.tree.leaves(family.param_logical_axes(),
+                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  total = 0
+  for shape, axes in zip(shapes, names, strict=True):
+    elements = math.prod(shape.shape)
+    for axis in axes:
+      elements //= split.get(axis, 1)
+    total += elements * 4
+  return total
+
+
+def test_params_bytes_per_device_are_the_hand_computed_shards(v5e_report):
+  r = v5e_report
+  assert (r["topology"], r["devices"], r["chip"]) == ("v5e:2x2", 4, "v5e")
+  assert r["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+  hand = _hand_param_bytes(MODEL, tensor=2)
+  assert r["params_bytes_per_device"] == hand
+  # A quarter of the params is not a model split 2 ways: the check has teeth.
+  whole = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(family_of(MODEL).abstract_params()))
+  assert whole / 2 < hand < whole
+  # XLA's arguments: the train state and the batch (TPU layouts may pad small arrays).
+  batch = sum(8 // 2 * n * 4 for n in (128,) * 3 + (32,) * 5)  # 8 features, rows over data=2
+  assert r["argument_bytes"] >= r["state_bytes_per_device"] + batch
+  assert r["argument_bytes"] < 1.1 * (r["state_bytes_per_device"] + batch)
+  assert r["alias_bytes"] > 0.9 * r["state_bytes_per_device"]  # the donated state
+  assert r["bytes_per_device"] == (r["argument_bytes"] + r["output_bytes"] + r["temp_bytes"]
+                                   - r["alias_bytes"] + r["code_bytes"])
+  assert r["hbm_bytes"] == 16 * 1024**3 and r["fits"] is True
+  assert r["margin_bytes"] == r["hbm_bytes"] - r["bytes_per_device"]
+  assert r["compile_s"] > 0
+
+
+def test_flops_agree_with_the_cost_model(v5e_report):
+  """XLA's flops per device against Family.flops_per_example x batch / devices: within 5%.
+  The gap is what the matmul-only cost model leaves out (norms, softmax, activations, the
+  loss, the optimizer update: linear in params and tokens, not their product), so it shrinks
+  as the model grows (test_the_flops_gap_is_the_non_matmul_work)."""
+  r = v5e_report
+  analytic = (family_of(MODEL).flops_per_example(
+      {"encoder_input_tokens": 128, "decoder_target_tokens": 32}) * 8 / 4)
+  assert r["analytic_flops_per_device"] == pytest.approx(analytic)
+  assert r["flops_per_device"] == pytest.approx(analytic, rel=0.05)
+  assert r["flops_per_device"] > analytic  # XLA counts the extra work, never less
+
+
+def test_the_flops_gap_is_the_non_matmul_work(v5e_report):
+  """The model 8x narrower: the same extra work is a larger share (measured 1.17 vs 1.04)."""
+  small = aot_compile.compile_for_tpu(tiny(), _config(), "v5e:2x2")
+  gap_small = small["xla_over_analytic_flops"] - 1
+  gap_big = v5e_report["xla_over_analytic_flops"] - 1
+  assert 0 < gap_big < gap_small < 0.3
+
+
+def test_estimated_mfu_is_model_flops_over_xla_time_when_xla_gives_one(v5e_report):
+  r = v5e_report
+  if r["optimal_seconds"] is None:  # XLA's estimate came out negative: none reported
+    assert r["xla_optimal_seconds_raw"] < 0 and r["estimated_mfu"] is None
+  else:
+    expected = r["analytic_flops_per_device"] / (r["optimal_seconds"] * 197e12)
+    assert r["estimated_mfu"] == pytest.approx(expected)
+
+
+def _run(capsys, *args) -> tuple[int, str, str]:
+  code = cli.main(["compile", *args])
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_cli_prints_a_table_and_one_json_line(capsys, tmp_path):
+  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN, "--emit-hlo", str(tmp_path))
+  assert code == 0, err
+  report = json.loads(out.strip().splitlines()[-1])
+  for key in ("fits", "bytes_per_device", "hbm_bytes", "flops_per_device", "optimal_seconds",
+              "estimated_mfu", "compile_s", "topology", "devices", "mesh", "argument_bytes",
+              "output_bytes", "temp_bytes", "analytic_flops_per_device"):
+    assert key in report
+  assert report["fits"] is True and report["devices"] == 4
+  assert "HBM per chip" in out and "fits" in out
+  assert "(XLA's estimate)" in out or "none (XLA gave" in out
+  hlo = (tmp_path / "train_step.v5e_2x2.hlo.txt").read_text()
+  assert hlo.startswith("HloModule")
+
+
+def test_a_model_too_big_for_the_chip_reports_does_not_fit(capsys):
+  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN, "--gin.ModelConfig.d_model=8192",
+                        "--gin.ModelConfig.d_ff=65536", "--gin.ModelConfig.num_heads=8",
+                        "--gin.ModelConfig.d_kv=128")
+  assert code == 0, err
+  report = json.loads(out.strip().splitlines()[-1])
+  assert report["fits"] is False
+  assert report["bytes_per_device"] > report["hbm_bytes"] == 16 * 1024**3
+  assert report["margin_bytes"] < 0
+  assert report["params_bytes_per_device"] > 26 * 1024**3  # 6.9B f32 params, replicated
+  assert "does not fit" in out
+
+
+@pytest.mark.parametrize("name", ["v7:2x2", "v5e:2x2x2", "tpu-v5e-8", "v5e:3x3"])
+def test_an_unknown_topology_lists_the_generations_and_the_format(capsys, name):
+  code, out, err = _run(capsys, "--topology", name, *GIN)
+  assert code == 2 and "Traceback" not in err
+  line = err.strip().splitlines()[-1]
+  assert line.startswith("t5lite compile: error:") and repr(name) in line
+  assert "v4, v5e, v5p, v6e" in line and "v5e:16x16" in line and "v4:4x4x8" in line
+
+
+def test_a_mesh_that_does_not_match_the_topology_says_both_numbers(capsys):
+  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN, "--gin.MeshConfig.data=8")
+  assert code == 2
+  line = err.strip().splitlines()[-1]
+  assert "v5e:2x2 has 4 devices" in line and "needs 8 devices" in line
+
+
+def test_without_libtpu_it_says_how_to_install_it(capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
+  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN)
+  assert code == 2 and "Traceback" not in err
+  line = err.strip().splitlines()[-1]
+  assert "needs libtpu" in line and 'pip install -e ".[tpu]"' in line
+
+
+def test_cuda_lowers_the_train_step_without_libtpu(capsys, monkeypatch, tmp_path):
+  monkeypatch.setitem(sys.modules, "libtpu", None)
+  code, out, err = _run(capsys, "--platform", "cuda", "--devices", "4", *GIN,
+                        "--gin.MeshConfig.tensor=2", "--emit-hlo", str(tmp_path))
+  assert code == 0, err
+  report = json.loads(out.strip().splitlines()[-1])
+  assert report["lowered"] is True and report["compiled"] is False
+  assert report["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+  assert "lowered for CUDA only" in out
+  text = (tmp_path / "train_step.cuda.stablehlo.txt").read_text()
+  assert "mhlo.num_partitions = 4" in text
+
+
+def test_decode_program_compiles_for_the_run_decode_settings():
+  config = _config(decode=dataclasses.replace(_config().decode, batch_size=8,
+                                              max_decode_length=16))
+  r = aot_compile.compile_for_tpu(MODEL, config, "v5e:2x2", program="decode")
+  assert r["program"] == "decode" and r["fits"] is True
+  assert (r["decode_batch_size"], r["max_decode_length"]) == (8, 16)
+  assert r["flops_per_device"] > 0 and r["estimated_mfu"] is None
+  assert r["argument_bytes"] >= r["params_bytes_per_device"]
+  assert np.isfinite(r["bytes_per_device"])
+
+
+def test_scanned_layers_are_flagged_xla_counts_a_loop_body_once():
+  """XLA's cost analysis counts a while loop's body once: a scanned model's flops come out
+  far below the cost model (one layer of each stack instead of all), and the report says so."""
+  model = MODEL.replace(scan_layers=True, num_encoder_layers=4, num_decoder_layers=4)
+  r = aot_compile.compile_for_tpu(model, _config(), "v5e:2x2")
+  assert "scanned layers" in r["xla_cost_counts_loop_bodies_once"]
+  assert r["xla_over_analytic_flops"] < 0.6
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_abstract_batch_is_what_the_run_converter_makes(pack):
+  """Keys, dtypes and lengths of the compiled step's batch = a real converted row's."""
+  import grain
+
+  from t5lite.train import step_program
+  config = _config(pack=pack, task_feature_lengths={"inputs": 8, "targets": 6})
+  mesh = part.make_mesh(part.MeshConfig(data=-1), jax.devices()[:2])
+  program = step_program.build(family_of(tiny()), config, mesh, part.logical_axis_rules())
+  examples = [{"inputs": np.array([5, 6, 7, 1]), "targets": np.array([8, 9, 1])}] * 4
+  row = next(iter(program.converter(grain.MapDataset.source(examples),
+                                    config.task_feature_lengths)))
+  batch = program.abstract_batch()
+  assert sorted(batch) == sorted(row)
+  for key, value in row.items():
+    assert batch[key].dtype == value.dtype and batch[key].shape == (8, value.shape[-1]), key
