@@ -196,16 +196,25 @@ def _check_agreement(deadline: float, expected: int | None) -> None:
     _check_agreement_by_allgather(expected)
     return
   index, count, client = found
-  client.key_value_set(f"t5lite/num_processes/{index}", str(count))
-  for other in range(1, count) if index == 0 else (0,):
+
+  def read(other: int) -> int:
     milliseconds = max(1, int((deadline - time.monotonic()) * 1000))
     try:
-      theirs = int(client.blocking_key_value_get(f"t5lite/num_processes/{other}", milliseconds))
+      return int(client.blocking_key_value_get(f"t5lite/num_processes/{other}", milliseconds))
     except Exception as e:  # the runtime's timeout error (a type private to jaxlib)
       raise DistributedSetupError(f"process {other} did not report its process count in "
                                   f"time: {e}") from e
-    if theirs != count:
-      raise _disagreement(other, theirs, index, count)
+
+  # Process 0 hosts the service and stops once it sees a disagreement, so every other process
+  # reads process 0's count before it reports its own (reading after reporting raced process
+  # 0's exit: a connection error instead of the disagreement).
+  theirs = {0: read(0)} if index != 0 else {}
+  client.key_value_set(f"t5lite/num_processes/{index}", str(count))
+  for other in range(1, count) if index == 0 else ():
+    theirs[other] = read(other)
+  for other, value in theirs.items():
+    if value != count:
+      raise _disagreement(other, value, index, count)
 
 
 def _coordination_client():
