@@ -116,11 +116,8 @@ def export_peft(checkpoint: str, out: str) -> dict:
   files = peft_io.save(config, jax.device_get(params), out,
                        base_name_or_path=base if hf_base else "",
                        saved_modules=peft_record.saved_prefixes(record))
-  adapter = config.adapter
-  shape = ({"r": adapter.r, "target_modules": list(adapter.target_modules)}
-           if adapter.method == "lora" else {"num_virtual_tokens": adapter.num_virtual_tokens})
-  return {"export": "peft", "method": adapter.method, "step": step,
-          "out": os.path.abspath(out), "files": files, **shape,
+  return {"export": "peft", "step": step, "out": os.path.abspath(out), "files": files,
+          **config.adapter.summary(),
           "saved_modules": record.get("saved_modules", [])}
 
 

@@ -117,11 +117,8 @@ def import_peft(source: str, base: str, out: str) -> dict:
   config = base_config.replace(adapter=adapter)
   path = params_only.write_model_dir(out, config, adapter_params, step=0, vocabulary=vocabulary)
   peft_record.write(out, peft_record.make(where.path, base_config, base_params, adapter, saved))
-  shape = ({"r": adapter.r, "lora_alpha": adapter.lora_alpha, "use_rslora": adapter.use_rslora,
-            "target_modules": list(adapter.target_modules)} if adapter.method == "lora"
-           else {"num_virtual_tokens": adapter.num_virtual_tokens})
-  return {"import": "peft", "method": adapter.method, "from": os.path.abspath(source),
-          "base": where.path, "out": os.path.abspath(out), "checkpoint": path, **shape,
+  return {"import": "peft", "from": os.path.abspath(source), "base": where.path,
+          "out": os.path.abspath(out), "checkpoint": path, **adapter.summary(),
           "saved_modules": ["/".join(p) for p in saved]}
 
 

@@ -146,6 +146,13 @@ class AdapterConfig:
         return True
     return False
 
+  def summary(self) -> dict:
+    """The fields that describe this adapter's method, for a CLI's JSON line."""
+    if self.method == "lora":
+      return {"method": self.method, "r": self.r, "lora_alpha": self.lora_alpha,
+              "use_rslora": self.use_rslora, "target_modules": list(self.target_modules)}
+    return {"method": self.method, "num_virtual_tokens": self.num_virtual_tokens}
+
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
 
