@@ -18,6 +18,8 @@ features, and the same jitted `windowed_train_step` with the same shardings and 
     (Family.flops_per_example x global batch / devices), and `optimal_seconds`, XLA's own
     estimate of the step time; the estimated MFU it implies is analytic model FLOPs /
     (optimal_seconds x chips x peak bf16). An estimate from the compiler, not a measurement.
+    XLA counts a loop's body once: for scanned layers or microbatches the whole step's
+    figures come from loop-free compiles of 1 and 2 layers, extrapolated (t5lite.train.aot_cost).
 
 The table ends with one JSON line (keys: fits, bytes_per_device, hbm_bytes, flops_per_device,
 analytic_flops_per_device, optimal_seconds, estimated_mfu, compile_s, ...). `--emit-hlo DIR`
@@ -45,7 +47,7 @@ from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import partitioning as part
 from t5lite.runtime import topologies
-from t5lite.train import step_program
+from t5lite.train import aot_cost, step_program
 from t5lite.train.loop import step_memory
 
 def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = print) -> int:
@@ -156,25 +158,41 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
                                 compiled.as_text())
   report.update(_memory(compiled, chip.hbm_bytes))
   report.update(_cost(compiled, built, chip, len(devices), program))
-  loops = _loops(model_config, config, program)
-  if loops:
+  loops = aot_cost.loops(model_config, config, program)
+  if loops and program == "train":
+    report.update(_unrolled_cost(model_config, config, mesh, loops, report))
+  elif loops:
     report["xla_cost_counts_loop_bodies_once"] = loops
   return report
 
 
-def _loops(model_config: ModelConfig, config, program: str) -> str | None:
-  """Why XLA's flops and optimal_seconds undercount, if they do: its cost analysis counts a
-  while loop's body once, not once per trip (measured: T5 1.1 base scanned, 0.122 x the
-  cost model; unscanned, 1.008 x). Scanned layers and microbatches are such loops, and so is
-  decoding's loop over output positions."""
-  why = []
-  if program == "decode":
-    why.append("the decode loop over output positions")
-  elif model_config.scan_layers:
-    why.append("scanned layers (ModelConfig.scan_layers)")
-  if program == "train" and config.step.microbatches > 1:
-    why.append(f"{config.step.microbatches} microbatches (a scan)")
-  return " and ".join(why) or None
+def _unrolled_cost(model_config: ModelConfig, config, mesh, loops: str,
+                   report: dict[str, Any]) -> dict[str, Any]:
+  """The whole step's flops and optimal_seconds when the train program loops (XLA counts a
+  loop body once): extrapolated from loop-free compiles (t5lite.train.aot_cost)."""
+  def compile_cost(model, train):
+    built = _program(model, train, mesh)
+    with part.activate(mesh, built.rules), _no_persistent_cache():
+      cost = aot_cost.xla_cost(built.step_fn.lower(*built.abstract_args()).compile())
+    return cost["flops"], cost["optimal_seconds"]
+
+  start = time.perf_counter()
+  try:
+    flops, seconds = aot_cost.whole_step_cost(model_config, config, compile_cost)
+  except jax.errors.JaxRuntimeError as e:  # a loop-free program XLA refuses: say so, go on
+    return {"xla_cost_counts_loop_bodies_once": loops,
+            "unrolled_cost_failed": " ".join(str(e).split())[:300]}
+  runs = len(aot_cost.unrolled_programs(model_config, config))
+  analytic = report["analytic_flops_per_device"]
+  out = {"xla_flops_compiled_program": report["flops_per_device"],
+         "xla_optimal_seconds_compiled_program": report["optimal_seconds"],
+         "flops_per_device": flops, "optimal_seconds": seconds,
+         "xla_over_analytic_flops": flops / analytic if analytic else None,
+         "estimated_mfu": (analytic / (seconds * report["peak_flops_per_chip"])
+                           if seconds else None),
+         "cost_from": f"{runs} loop-free compiles extrapolated over {loops}",
+         "cost_compile_s": round(time.perf_counter() - start, 3)}
+  return out
 
 
 @contextlib.contextmanager
@@ -244,27 +262,21 @@ def _out_of_memory(message: str, state_bytes: int, hbm_bytes: int) -> dict[str, 
 
 def _cost(compiled, program: step_program.StepProgram, chip, devices: int,
           which: str) -> dict[str, Any]:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-    cost = cost[0] if cost else {}
-  cost = cost or {}
-  flops = float(cost.get("flops", 0.0))
-  raw = cost.get("optimal_seconds")
-  # XLA:TPU's estimate comes out negative (near minus an integer: -13.9993, -1273.898) for
-  # several programs compiled for a topology on a CPU host (seen with data-parallel meshes and
-  # a 32k vocabulary; not with tensor=4), as if each op it cannot time counted -1 s; the
-  # cause is not known: no estimate then, the raw value kept.
-  seconds = float(raw) if raw is not None and float(raw) > 0 else None
+  """XLA's flops and step-time estimate of the compiled program (aot_cost.xla_cost: ops it
+  cannot time corrected), beside the analytic cost model for a train step."""
+  cost = aot_cost.xla_cost(compiled)
+  # The partitioned program is one device's: its flops and bytes are per device already.
+  flops, seconds = cost["flops"], cost["optimal_seconds"]
   out: dict[str, Any] = {"flops_per_device": flops, "optimal_seconds": seconds,
-                         "xla_optimal_seconds_raw": None if raw is None else float(raw),
-                         "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0))}
+                         "xla_optimal_seconds_raw": cost["optimal_seconds_raw"],
+                         "bytes_accessed_per_device": cost["bytes_accessed"],
+                         "cost_from": "the compiled program"}
   if which == "train":
     analytic = program.flops_per_step() / devices
     out["analytic_flops_per_device"] = analytic
     out["xla_over_analytic_flops"] = flops / analytic if analytic else None
     # The MFU XLA's step-time estimate implies, for t5lite's model FLOPs: not a measurement.
-    out["estimated_mfu"] = (analytic * devices / (seconds * devices * chip.peak_flops)
-                            if seconds else None)
+    out["estimated_mfu"] = analytic / (seconds * chip.peak_flops) if seconds else None
   else:
     out["analytic_flops_per_device"] = out["estimated_mfu"] = None
   return out
@@ -345,6 +357,10 @@ def table(r: dict[str, Any]) -> str:
   if r.get("analytic_flops_per_device"):
     rows += [("t5lite cost model flops/device", f"{r['analytic_flops_per_device']:.4g}  "
                                                   f"(XLA / model = {r['xla_over_analytic_flops']:.3f})")]
+  if "loop-free" in r.get("cost_from", ""):
+    rows.append(("cost from", f"{r['cost_from']} ({r['cost_compile_s']} s; the compiled "
+                 f"program, which XLA counts loop bodies of once: {r['xla_flops_compiled_program']:.4g} "
+                 "flops)"))
   if r.get("xla_cost_counts_loop_bodies_once"):
     rows.append(("note", f"XLA counts a loop body once: with "
                  f"{r['xla_cost_counts_loop_bodies_once']}, its flops and time undercount"))
