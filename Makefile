@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
 
-.PHONY: demo test test-fast clean
+.PHONY: demo test test-fast pod-presets clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ test: $(VENV)/.installed-test
 # multi-host jobs, interrupted runs, long training, benchmarks, the demo configs).
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests -n auto -m "not slow" --durations=15
+
+# Compiles every pod preset (gin/runs/pods/*.gin) for its TPU topology on this CPU host, one
+# report's JSON line each into runs/pod_presets.jsonl (about an hour on 2 cores).
+pod-presets: $(VENV)/.installed-test
+	mkdir -p runs && : > runs/pod_presets.jsonl
+	for f in gin/runs/pods/*.gin; do \
+	  echo "$$f"; echo "{\"preset\": \"$$f\", \"report\": $$($(BIN)/t5lite compile \
+	    --gin_file=$$f 2>/dev/null | tail -n 1)}" >> runs/pod_presets.jsonl; \
+	done
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache

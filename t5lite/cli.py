@@ -97,7 +97,8 @@ def _add_compile_flags(parser) -> None:
   """`t5lite compile`'s own flags (t5lite.train.aot_compile, imported only when it runs)."""
   parser.add_argument("--topology", default=None, metavar="NAME",
                       help="a TPU topology in chips: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB, "
-                      "e.g. v5e:16x16 (required for --platform tpu)")
+                      "e.g. v5e:16x16 (default: the gin macro POD_TOPOLOGY, which the "
+                      "presets gin/runs/pods/*.gin set)")
   parser.add_argument("--num_slices", "--num-slices", type=int, default=1,
                       help="slices of the topology (multislice: the mesh's data axis spans them)")
   parser.add_argument("--program", choices=("train", "decode"), default="train",
@@ -275,6 +276,8 @@ def _train(args) -> int:
 
 def _compile(args) -> int:
   from t5lite.train import aot_compile
+  if args.topology is None:  # a pod preset (gin/runs/pods/) names the topology it was sized for
+    args.topology = gin_config.macro("POD_TOPOLOGY")
   # A run's MODEL_DIR and task are not needed to compile its step: placeholders when unset.
   return aot_compile.main(args, gin_config.model_config(), gin_config.train_config(
       fill={"model_dir": "unused-by-t5lite-compile",

@@ -158,6 +158,13 @@ def test_an_unknown_topology_lists_the_generations_and_the_format(capsys, name):
   assert "v4, v5e, v5p, v6e" in line and "v5e:16x16" in line and "v4:4x4x8" in line
 
 
+def test_no_topology_and_no_pod_topology_macro_says_how_to_name_one(capsys):
+  code, out, err = _run(capsys, *GIN)
+  assert code == 2 and "Traceback" not in err
+  line = err.strip().splitlines()[-1]
+  assert "needs --topology NAME" in line and "POD_TOPOLOGY" in line
+
+
 def test_a_mesh_that_does_not_match_the_topology_says_both_numbers(capsys):
   code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN, "--gin.MeshConfig.data=8")
   assert code == 2

@@ -58,7 +58,8 @@ def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = p
   else:
     if not args.topology:
       raise ConfigError("t5lite compile needs --topology NAME, e.g. --topology v5e:16x16 "
-                        f"({', '.join(topologies.EXAMPLES.values())})")
+                        f"({', '.join(topologies.EXAMPLES.values())}), or a gin file that sets "
+                        "POD_TOPOLOGY (the presets in gin/runs/pods/ do)")
     report = compile_for_tpu(model_config, config, args.topology, num_slices=args.num_slices,
                              program=args.program, emit_hlo=args.emit_hlo)
   log(table(report))
