@@ -67,7 +67,7 @@ class CheckpointConfig:
   """A committed checkpoint that cannot be read: 'fallback' to the previous one, or 'stop'."""
   best_metric: str | None = None
   """Also keep the checkpoint with the best value of this metric, e.g.
-  'eval/glue_cola_v2/matthews_corrcoef' (saved at every inference eval when set)."""
+  'eval/glue_cola_v002/matthews_corrcoef' (saved at every inference eval when set)."""
   best_mode: str = "max"
   """'max' or 'min': which value of best_metric is best."""
 
