@@ -268,3 +268,36 @@ def test_the_abstract_batch_is_what_the_run_converter_makes(pack):
   assert sorted(batch) == sorted(row)
   for key, value in row.items():
     assert batch[key].dtype == value.dtype and batch[key].shape == (8, value.shape[-1]), key
+
+
+def test_untimed_ops_counts_what_xla_cost_analysis_counts():
+  """The entry's ConcatBitcasts, a loop body's once, and the fewest of a conditional's
+  branches (XLA costs a conditional as its costliest branch)."""
+  cc = 'custom_call_target="ConcatBitcast"'
+  hlo = f"""HloModule m
+%body (p: f32[]) -> f32[] {{
+  %a = f32[] custom-call(), {cc}
+}}
+%cond (p: f32[]) -> pred[] {{
+  %c = pred[] constant(true)
+}}
+%branch_a (p: f32[]) -> f32[] {{
+  %x = f32[] custom-call(), {cc}
+}}
+%branch_b (p: f32[]) -> f32[] {{
+  %x = f32[] custom-call(), {cc}
+  %y = f32[] custom-call(), {cc}
+  %z = f32[] custom-call(), {cc}
+}}
+%never_called (p: f32[]) -> f32[] {{
+  %x = f32[] custom-call(), {cc}
+}}
+ENTRY %main (p: f32[]) -> f32[] {{
+  %s = f32[] custom-call(), {cc}
+  %t = f32[] custom-call(), {cc}
+  %w = f32[] while(%p), condition=%cond, body=%body
+  %k = f32[] conditional(%i, %p, %p), branch_computations={{%branch_a, %branch_b}}
+  %o = f32[] custom-call(), custom_call_target="AssumeGatherIndicesInBound"
+}}
+"""
+  assert aot_cost.untimed_ops(hlo) == 2 + 1 + 1
