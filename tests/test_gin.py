@@ -121,8 +121,11 @@ def test_run_file_builds_its_config(path):
                 "gin/runs/infer.gin": ("INFER_CONFIG", InferConfig)}.get(
                     path, ("TRAIN_CONFIG", TrainConfig))
   model_file, d_model = RUN_MODELS.get(path, ("gin/models/tiny.gin", 64))
-  # As users run them: the model file, then the run file that adapts it.
+  # As users run them: the model file, then the run file that adapts it. A pod preset
+  # (gin/runs/pods/) includes its own model and is taken alone.
   files = [model_file, path] if path in RUN_MODELS else [path, model_file]
+  if path.startswith("gin/runs/pods/"):
+    files, d_model = [path], None
   # A PEFT run starts from BASE, and refuses INITIAL_CHECKPOINT_PATH (full finetuning's).
   start = "BASE='/tmp/base'" if path in PEFT_RUNS else "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'"
   gin_config.parse(files, [
@@ -135,7 +138,7 @@ def test_run_file_builds_its_config(path):
     assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
     for name in T5X_MACROS:  # T5X users' scripts can rely on these names
       assert gin_config.macro(name, default=KeyError) is not KeyError, name
-    assert gin_config.model_config().d_model == d_model
+    assert d_model is None or gin_config.model_config().d_model == d_model
   else:
     assert config.checkpoint_path == "/tmp/run" and config.decode.method == "greedy"
 
