@@ -301,3 +301,16 @@ ENTRY %main (p: f32[]) -> f32[] {{
 }}
 """
   assert aot_cost.untimed_ops(hlo) == 2 + 1 + 1
+
+
+@pytest.mark.parametrize("topology,hbm_gib,peak", [
+    ("v4:2x2x1", 32, 275e12), ("v5p:2x2x1", 95, 459e12), ("v6e:2x2", 32, 918e12)])
+def test_every_generation_compiles_with_its_chip_figures(topology, hbm_gib, peak):
+  """v5e is compiled above; the other generations' smallest slices (megacore v4 / v5p: one
+  device per chip) with their HBM and peak in the estimate."""
+  r = aot_compile.compile_for_tpu(tiny(), _config(mesh=part.MeshConfig(data=4)), topology)
+  assert r["devices"] == 4 and r["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert r["hbm_bytes"] == hbm_gib * 1024**3 and r["peak_flops_per_chip"] == peak
+  assert r["fits"] is True and r["optimal_seconds"] > 0
+  assert r["estimated_mfu"] == pytest.approx(
+      r["analytic_flops_per_device"] / (r["optimal_seconds"] * peak))
