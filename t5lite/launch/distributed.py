@@ -205,16 +205,31 @@ def _check_agreement(deadline: float, expected: int | None) -> None:
       raise DistributedSetupError(f"process {other} did not report its process count in "
                                   f"time: {e}") from e
 
-  # Process 0 hosts the service and stops once it sees a disagreement, so every other process
-  # reads process 0's count before it reports its own (reading after reporting raced process
-  # 0's exit: a connection error instead of the disagreement).
-  theirs = {0: read(0)} if index != 0 else {}
+  # Process 0 hosts the service: every other process reads process 0's count before it
+  # reports its own (reading after reporting raced process 0's exit: a connection error
+  # instead of the disagreement), and a process that disagrees says so before it reports.
+  if index != 0:
+    theirs = read(0)
+    if theirs != count:
+      _stop_now(_disagreement(0, theirs, index, count), report=(client, index, count))
   client.key_value_set(f"t5lite/num_processes/{index}", str(count))
   for other in range(1, count) if index == 0 else ():
-    theirs[other] = read(other)
-  for other, value in theirs.items():
-    if value != count:
-      raise _disagreement(other, value, index, count)
+    theirs = read(other)
+    if theirs != count:
+      _stop_now(_disagreement(other, theirs, index, count))
+
+
+def _stop_now(error: DistributedSetupError, report=None) -> None:
+  """Prints the error and exits 2 at once, after reporting this process's count (report:
+  (client, index, count)) so that process 0 reads it. Not through the CLI's error path:
+  Python's exit runs jax.distributed.shutdown, a barrier the other processes never reach, and
+  a process still in it when process 0 (and the coordination service with it) is gone is
+  aborted by JAX (SIGABRT, no message) instead of exiting 2."""
+  print(f"t5lite: error: {error}", file=sys.stderr, flush=True)
+  if report is not None:
+    client, index, count = report
+    client.key_value_set(f"t5lite/num_processes/{index}", str(count))
+  os._exit(SETUP_EXIT_CODE)
 
 
 def _coordination_client():
