@@ -296,7 +296,10 @@ def _plain_verb(verb: str, argv: list[str]) -> int:
   return importlib.import_module(PLAIN_VERBS[verb][1]).main(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
+  """Runs one verb; returns its exit code. tune_cpu_host: the caller owns the process, so
+  train / eval / infer / smoke / bench may set it up for CPU work (t5lite.runtime.cpu_host):
+  the `t5lite` command does; tests calling main() in-process do not."""
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
     if argv[:1] == ["launch"]:  # gin flags after its `--` belong to the verb it launches
@@ -316,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
       # SIGTERM is a flag from here on, startup included: the trainer acts on it (exit 42).
       with preemption.SIGTERM:
         _initialize(args)
+        _tune(tune_cpu_host)
         return _train(args)
     if args.verb in GIN_VERBS:
       _initialize(args)
+    if args.verb in (*GIN_VERBS, "smoke", "bench"):
+      _tune(tune_cpu_host)
     if args.verb == "smoke":
       return _smoke(args)
     if args.verb == "compile":
@@ -343,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _tune(wanted: bool) -> None:
+  """CPU dispatch and heap settings (t5lite.runtime.cpu_host), after the job formed and
+  before JAX makes its backends; T5LITE_CPU_TUNING=0 turns them off."""
+  if wanted:
+    from t5lite.runtime import cpu_host
+    cpu_host.tune()
+
+
 def _one_line(error: Exception) -> str:
   """A ConfigError's message; an OSError's path(s) and errno text, e.g. '/data/x: Permission
   denied' (its str() reads '[Errno 13] Permission denied: ...')."""
@@ -364,7 +378,7 @@ def console_main() -> None:
   failed run (exit 2: a full disk, say) exits at once, streams flushed, without waiting for
   background threads: a checkpoint write the disk refused can leave one of orbax's writer
   threads blocked, which would keep the process from ever ending."""
-  code = main()
+  code = main(tune_cpu_host=True)
   if code == 2:
     sys.stdout.flush()
     sys.stderr.flush()

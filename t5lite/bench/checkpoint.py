@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 
+from t5lite.bench import machine
 from t5lite.bench.machine import cpu_model
 
 
@@ -104,5 +105,5 @@ def main(argv: list[str]) -> int:
   print(f"save {result['save_s']:.3f}s + seal {result['seal_s']:.3f}s  (x{result['ratio_save']})"
         f";  read {result['read_s']:.3f}s + verify {result['verify_s']:.3f}s  "
         f"(x{result['ratio_restore']});  state {result['state_bytes'] / 1e6:.0f} MB")
-  print(json.dumps(result))
+  print(json.dumps({**result, "machine": machine.describe()}))
   return 0

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from t5lite.bench import hf_t5_collator as hf  # noqa: E402
+from t5lite.bench import hf_t5_collator as hf, machine  # noqa: E402
 from t5lite.data import corruption as sc  # noqa: E402
 from t5lite.data.converters import EncDecFeatureConverter  # noqa: E402
 from t5lite.data.pipeline import PipelineConfig, get_dataset  # noqa: E402
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error("--inputs_length, --batch_size, --repeats and --seconds_per_run must be positive")
   report = run(inputs_length=args.inputs_length, batch_size=args.batch_size,
                repeats=args.repeats, seconds_per_run=args.seconds_per_run, seed=args.seed)
-  print(json.dumps(report), flush=True)
+  print(json.dumps({**report, "machine": machine.describe()}), flush=True)
   return 0
 
 

@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from t5lite.bench import hf_t5_decode
+from t5lite.bench import hf_t5_decode, machine
 from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
 
@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run_memory(**common)
   else:
     report = run(**common, repeats=args.repeats, torch_threads=args.torch_threads)
-  print(json.dumps(report), flush=True)
+  print(json.dumps({**report, "machine": machine.describe()}), flush=True)
   return 0
 
 

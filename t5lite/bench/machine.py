@@ -101,21 +101,51 @@ def wait_for_quiet(max_seconds: float, threshold: float = 0.1, window: float = 2
     log(f"bench: other processes use {100 * fraction:.0f}% of the CPUs; waiting for quiet")
 
 
-def cpu_model() -> str | None:
-  """The CPU's model name (/proc/cpuinfo's `model name`, as lscpu shows it), None if unknown."""
+def cpu_info() -> dict:
+  """The CPU as /proc/cpuinfo tells it (first processor): vendor, model name, family and model
+  numbers, and whether it has AVX-512 (avx512f) and AVX2. Empty where /proc is absent."""
+  fields: dict[str, str] = {}
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
+        if not line.strip():
+          break  # the first processor's block is enough: they are all alike here
+        key, _, value = line.partition(":")
+        fields[key.strip().lower()] = value.strip()
   except OSError:
-    pass
-  return None
+    return {}
+  flags = set(fields.get("flags", "").split())
+  number = lambda key: int(fields[key]) if fields.get(key, "").isdigit() else None  # noqa: E731
+  return {"vendor": fields.get("vendor_id"), "model_name": fields.get("model name"),
+          "family": number("cpu family"), "model": number("model"),
+          "avx512": "avx512f" in flags, "avx2": "avx2" in flags}
+
+
+def cpu_model() -> str | None:
+  """The CPU's model name (/proc/cpuinfo's `model name`, as lscpu shows it), None if unknown."""
+  return cpu_info().get("model_name")
+
+
+def _version(package: str) -> str | None:
+  from importlib import metadata
+  try:
+    return metadata.version(package)
+  except metadata.PackageNotFoundError:
+    return None
 
 
 def describe() -> dict:
-  """The machine a benchmark ran on, for its JSON line: CPU model and cores, JAX's backend
-  and device kind (jax is imported here: call it from a benchmark that uses it anyway)."""
+  """The machine and software a benchmark ran on, for its JSON line: the CPU (cpu_info), its
+  cores, JAX's backend and device kind, the jax / jaxlib / torch / transformers versions,
+  XLA_FLAGS and the CPU process settings in force (t5lite.runtime.cpu_host). jax is imported
+  here: call it from a benchmark that uses it anyway."""
+  import sys
   import jax
-  return {"cpu": cpu_model(), "cores": os.cpu_count(), "backend": jax.default_backend(),
-          "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count()}
+  from t5lite.runtime import cpu_host
+  info = {"cpu": cpu_info(), "cores": os.cpu_count(), "backend": jax.default_backend(),
+          "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+          "python": sys.version.split()[0]}
+  info.update({name: _version(name) for name in ("jax", "jaxlib", "torch", "transformers")})
+  info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+  info["cpu_tuning"] = cpu_host.in_force()
+  return info

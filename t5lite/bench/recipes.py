@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from t5lite.bench import fresh_out
+from t5lite.bench import fresh_out, machine
 from t5lite.train.plot import read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
@@ -227,5 +227,5 @@ def main(argv: list[str]) -> int:
   for name in ("teacher", "distilled", "scratch") if d else ():
     print(f"{name + ' (MLM accuracy)':28s} {args.pretrain_steps:6d} "
           f"{d[name]['eval_accuracy'] or 0:9.3f} {(d[name]['step_memory_bytes'] or 0) / 2**20:16.1f}")
-  print(json.dumps(result))
+  print(json.dumps({**result, "machine": machine.describe()}))
   return 0

@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                learning_rate=args.learning_rate, threads=args.threads, hf=not args.no_hf,
                seed=args.seed, quiet_wait_s=args.quiet_wait_s, family=args.family,
                length=args.length)
-  print(json.dumps(report), flush=True)
+  print(json.dumps({**report, "machine": machine.describe()}), flush=True)
   return 0
 
 
