@@ -49,7 +49,15 @@ def tune() -> dict:
   if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
     _applied = {**in_force(), "why_not": f"{ENV}={os.environ[ENV]}"}
     return _applied
-  if xla_bridge.backends_are_initialized():  # too late to choose the dispatch: change nothing
+  from jax._src import distributed
+  if getattr(distributed.global_state, "client", None) is not None:
+    # A multi-process job: making the backends here, before the run reports a bad setup,
+    # lets a process that exits first take the coordination service down under the others
+    # (JAX aborts them); such jobs keep JAX's defaults.
+    _applied = {**in_force(), "why_not": "a multi-process job (jax.distributed)"}
+    return _applied
+  made = getattr(xla_bridge, "backends_are_initialized", None)  # private: may move
+  if made is not None and made():  # too late to choose the dispatch: change nothing
     _applied = {**in_force(), "why_not": "JAX had made its backends before tune()"}
     return _applied
   if "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ:
