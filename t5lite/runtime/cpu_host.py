@@ -15,7 +15,7 @@ allocation in the main arena, and two mallopt settings keep it there between ste
 Nothing a step computes changes (same program, same numbers); the process's resident memory
 stays at its peak instead of falling between steps (the step's peak RSS was the same in
 `bench train`: 1.60 GB either way). Only the CPU backend is tuned: on a GPU or TPU host the
-heap is left as it is, and the CPU-dispatch setting only affects programs run on the CPU.
+heap is left as it is (and a multi-process job keeps JAX's defaults); the CPU-dispatch setting only affects programs run on the CPU.
 
 Who. The `t5lite` command owns its process and calls `tune()` before JAX makes its backends
 (after jax.distributed.initialize where the job has several processes). A program that
