@@ -377,9 +377,11 @@ def console_main() -> None:
   """The `t5lite` command (and `python -m t5lite.cli`): main(), then exit with its code. A
   failed run (exit 2: a full disk, say) exits at once, streams flushed, without waiting for
   background threads: a checkpoint write the disk refused can leave one of orbax's writer
-  threads blocked, which would keep the process from ever ending."""
+  threads blocked, which would keep the process from ever ending. In a multi-process job the
+  processes leave the coordination service together first (distributed.leave_job)."""
   code = main(tune_cpu_host=True)
   if code == 2:
+    distributed.leave_job()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

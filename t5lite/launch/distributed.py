@@ -229,7 +229,31 @@ def _stop_now(error: DistributedSetupError, report=None) -> None:
   if report is not None:
     client, index, count = report
     client.key_value_set(f"t5lite/num_processes/{index}", str(count))
+  leave_job()  # exiting at once, process 0 could take the service down under the other
   os._exit(SETUP_EXIT_CODE)
+
+
+EXIT_BARRIER_SECONDS = 30
+
+
+def leave_job() -> None:
+  """Before a process of a multi-process job exits on a setup error (the CLI's exit 2): waits
+  (up to EXIT_BARRIER_SECONDS) for the other processes to reach the same point, then leaves
+  the coordination service in order (jax.distributed.shutdown). Exiting at once raced: process
+  0 hosts the service, and a process still starting when it went was aborted by JAX (SIGABRT,
+  no message) instead of printing its own error. A bad setup that every process finds (a mesh
+  that does not fit, a batch that does not split) passes the barrier at once; an error only
+  some processes meet waits out the barrier and exits as before."""
+  found = _coordination_client()
+  if found is None or found[1] <= 1:
+    return
+  _, _, client = found
+  try:
+    client.wait_at_barrier("t5lite/exit_on_setup_error", EXIT_BARRIER_SECONDS * 1000)
+  except Exception:  # the runtime's timeout error (a type private to jaxlib)
+    return
+  import jax
+  jax.distributed.shutdown()  # every process is here: its shutdown barrier passes at once
 
 
 def _coordination_client():
