@@ -9,6 +9,7 @@ import pytest
 
 from t5lite.data import pretraining
 from t5lite.data.rows import InOrder
+from t5lite.errors import ConfigError
 
 SEED = 17
 
@@ -66,6 +67,12 @@ def test_a_state_taken_anywhere_restores_to_the_same_continuation(epochs):
     restored = iter(stream(docs, epochs))
     restored.set_state(state)
     assert_examples_equal(list(restored), everything[k:])
+
+
+def test_a_state_of_the_earlier_grain_stages_is_refused_with_the_fix():
+  iterator = iter(stream(documents(10)))
+  with pytest.raises(ConfigError, match="saved by an earlier t5lite.*new MODEL_DIR"):
+    iterator.set_state({"parent": {"next_index": 3}, "index_for_rng": 1})
 
 
 def test_the_in_order_reader_equals_grains_reader_and_shares_its_state():

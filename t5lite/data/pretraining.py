@@ -154,6 +154,11 @@ class _CorruptedGroupsIterator(grain.DatasetIterator):
     return {"parent": self._start, "group": self._group, "emitted": self._emitted}
 
   def set_state(self, state):
+    if not {"parent", "group", "emitted"} <= set(state):
+      raise ConfigError(
+          "this span corruption data state was saved by an earlier t5lite (its groups went "
+          f"through grain's filter, batch and flat_map stages; keys {sorted(state)}): resume "
+          "the run with the t5lite that saved it, or train in a new MODEL_DIR")
     self._parent.set_state(state["parent"])
     self._group, self._examples, self._emitted = state["group"] - 1, [], 0
     if state["emitted"]:
