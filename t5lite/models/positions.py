@@ -2,6 +2,7 @@
 interleaved layout), learned absolute, rotary (RoPE)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -67,6 +68,47 @@ class RelativePositionBias(nn.Module):
     bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # (..., Q, K, H)
     bias = jnp.moveaxis(bias, -1, -3)  # (..., H, Q, K)
     return bias if offset.ndim else bias[None]  # (B|1, H, Q, K)
+
+
+def add_position_bias(bias: jax.Array, position_bias: jax.Array) -> jax.Array:
+  """bias (B, 1|H, Q, K) + position_bias (1|B, H, Q, K): the same sum as `bias +
+  position_bias`, with a cheaper gradient for the shared (1, H, Q, K) table.
+
+  Its gradient sums the (B, H, Q, K) attention-logit gradients over the batch. XLA:CPU runs
+  that reduction over the leading axis far slower than the same sum written as B - 1
+  elementwise adds (one fused loop, the same order, bitwise the same result): 70-90 ms vs
+  under 1 ms for 8 x 4 x 512 x 512 on a 2-core AMD EPYC, 36 ms of a T5 train step. Other
+  platforms (and TPU programs compiled on a CPU host) keep the plain reduction, which a
+  sharded batch turns into a local sum and one all-reduce."""
+  rows = bias.shape[0]
+  if position_bias.shape[0] == 1 and rows > 1:
+    position_bias = _shared_rows(position_bias, rows)
+  return bias + position_bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _shared_rows(table: jax.Array, rows: int) -> jax.Array:
+  """(1, ...) -> (rows, ...), one table seen by every row; gradient: the rows' sum."""
+  return jnp.broadcast_to(table, (rows,) + table.shape[1:])
+
+
+def _shared_rows_fwd(table, rows):
+  return _shared_rows(table, rows), None
+
+
+def _sum_rows_in_order(g: jax.Array) -> jax.Array:
+  total = g[0]
+  for row in range(1, g.shape[0]):
+    total = total + g[row]
+  return total[None]
+
+
+def _shared_rows_bwd(rows, _, g):
+  return (jax.lax.platform_dependent(g, cpu=_sum_rows_in_order,
+                                     default=lambda g: jnp.sum(g, axis=0, keepdims=True)),)
+
+
+_shared_rows.defvjp(_shared_rows_fwd, _shared_rows_bwd)
 
 
 def sinusoidal_embedding(positions: jax.Array, features: int) -> jax.Array:

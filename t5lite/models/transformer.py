@@ -22,7 +22,8 @@ from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_ma
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
-                                     interleaved_sinusoidal_embedding, sinusoidal_embedding)
+                                     add_position_bias, interleaved_sinusoidal_embedding,
+                                     sinusoidal_embedding)
 
 CROSS_ATTENTION = "encoder_decoder_attention"
 """Name of a decoder layer's cross-attention module (and of its params)."""
@@ -217,7 +218,8 @@ class Encoder(_Stack):
     bias = mask_to_bias(mask)  # (B, 1, L', L')
     if cfg.position_encoding == "relative_bias":
       length = x.shape[1]
-      bias = bias + RelativePositionBias(cfg, bidirectional=True, name="relpos_bias")(length, length)
+      bias = add_position_bias(bias, RelativePositionBias(cfg, bidirectional=True,
+                                                          name="relpos_bias")(length, length))
     x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_encoder_layers, x, bias, positions)
     return self.finish(x, "encoder_norm")
 
@@ -255,8 +257,8 @@ class Decoder(_Stack):
       self_bias = mask_to_bias(mask)  # (B, 1, L, L)
       key_length, query_offset = length, 0
     if cfg.position_encoding == "relative_bias":
-      self_bias = self_bias + RelativePositionBias(cfg, bidirectional=False, name="relpos_bias")(
-          length, key_length, query_offset)
+      self_bias = add_position_bias(self_bias, RelativePositionBias(
+          cfg, bidirectional=False, name="relpos_bias")(length, key_length, query_offset))
     layers = dict(cache_length=self.cache_length)
     if encoded is None:
       x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
