@@ -2,7 +2,8 @@
 
 The files (config.json, model.safetensors or its shards, legacy .bin) are read and written
 here; what the names and shapes mean is the layout of each HF model_type (hf_layout.py and
-one module per type: hf_t5, hf_bert (BERT, RoBERTa), hf_albert, hf_gpt2, hf_llama). Import
+one module per type: hf_t5, hf_switch, hf_bert (BERT, RoBERTa), hf_albert, hf_gpt2,
+hf_llama). Import
 dispatches on config.json's `model_type`; export on the config's family. Finetuning heads
 (ModelConfig.head: BertForSequenceClassification, GPT2ForSequenceClassification, ...) are
 hf_heads' share of each layout: import reads the head from `architectures[0]` (or from the
@@ -26,7 +27,8 @@ import safetensors
 import safetensors.numpy
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.export import hf_albert, hf_bert, hf_electra, hf_gpt2, hf_llama, hf_t5  # noqa: F401
+from t5lite.export import (hf_albert, hf_bert, hf_electra, hf_gpt2, hf_llama,  # noqa: F401
+                           hf_switch, hf_t5)
 from t5lite.export import hf_layout, limits
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import Params

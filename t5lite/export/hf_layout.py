@@ -48,17 +48,22 @@ class Entry:
   kind: 'linear' (torch Linear weight: (out, in)), 'conv1d' (GPT-2's Conv1D: (in, out)),
   'vector' (a bias: our (out...) flattened) or 'as_is' (same shape: embeddings, norm scales).
   n_in: leading axes of our kernel that are inputs (2 for an attention output (H, K, D)).
+  index: the HF tensor holds ours[index], one slice of a stacked param (an expert of a
+  Mixture-of-Experts kernel (E, D, F)); shapes below are then the slice's.
   """
   ours: tuple[Path, ...]
   hf: str
   kind: str = "as_is"
   n_in: int = 1
+  index: int | None = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"Entry kind {self.kind!r} is not one of {KINDS}")
     if len(self.ours) > 1 and self.kind == "as_is":
       raise ValueError("several params fuse into one tensor only as kernels or vectors")
+    if self.index is not None and len(self.ours) > 1:
+      raise ValueError("a slice entry holds one param")
 
   def _flat(self, shape: tuple[int, ...]) -> tuple[int, ...]:
     if self.kind == "vector":
@@ -76,6 +81,8 @@ class Entry:
     return (out, fan_in) if self.kind == "linear" else (fan_in, out)
 
   def to_hf(self, arrays: list[np.ndarray]) -> np.ndarray:
+    if self.index is not None:
+      arrays = [np.asarray(a)[self.index] for a in arrays]
     if self.kind == "as_is":
       return np.asarray(arrays[0])
     pieces = [np.asarray(a).reshape(self._flat(a.shape)) for a in arrays]
@@ -282,13 +289,17 @@ def params_from_hf(layout: HFLayout, config: ModelConfig,
     w = np.asarray(tensors[e.hf])
     if str(w.dtype) not in FLOAT_DTYPES:  # buffers the layout does not read may be ints/bools
       raise ConfigError(f"HF tensor {e.hf!r} is {w.dtype}; model weights are floating point")
-    want = [tuple(shapes[p].shape) for p in e.ours]
+    want = [tuple(shapes[p].shape)[e.index is not None:] for p in e.ours]
     if w.shape != e.hf_shape(want):
       raise ConfigError(f"HF tensor {e.hf!r} has shape {w.shape}, expected {e.hf_shape(want)} "
                         f"for {' + '.join('/'.join(p) for p in e.ours)} of this config")
     for path, array in zip(e.ours, e.from_hf(w, want)):
       # One dtype for the whole tree (HF may keep `wo` in float32 inside a half checkpoint).
-      flat[path] = array.astype(config.storage_dtype, copy=False)
+      array = array.astype(config.storage_dtype, copy=False)
+      if e.index is None:
+        flat[path] = array
+      else:  # one slice of a stacked param: the entries of the others fill the rest
+        flat.setdefault(path, np.zeros(shapes[path].shape, config.storage_dtype))[e.index] = array
   params = traverse_util.unflatten_dict(flat)
   return scan_params(params, config) if config.scan_layers else params
 

@@ -38,6 +38,9 @@ T5_NEEDS = dict(norm="rms", norm_position="pre", position_encoding="relative_bia
 def config_to_hf(config: ModelConfig) -> dict:
   """HF config.json contents; raises for variants that HF's T5 cannot express."""
   refuse(config, "t5", T5_NEEDS)
+  if config.moe is not None:
+    raise ConfigError("a Mixture-of-Experts model (ModelConfig.moe) exports to HF "
+                      "'switch_transformers', not 't5'")
   if config.mlp_activation not in TO_HF_ACTIVATION:
     raise ConfigError(f"HF 't5' has no equivalent of mlp_activation={config.mlp_activation!r} "
                       f"(it has {sorted(TO_HF_ACTIVATION)}); this model cannot be exported")

@@ -21,7 +21,8 @@ class EncoderDecoderFamily(Family):
   name = "encoder_decoder"
   token_features = ("encoder_input_tokens", "decoder_target_tokens")
   decodes = True
-  hf_model_type = "t5"
+  # A Mixture-of-Experts T5 is HF's Switch Transformers.
+  hf_model_type = property(lambda self: "switch_transformers" if self.config.moe else "t5")
 
   def converter(self, pack: bool = True) -> converters.FeatureConverter:
     return converters.EncDecFeatureConverter(pack=pack, bos_id=self.config.bos_id)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 from t5lite.models.adapters import AdapterConfig
+from t5lite.models.moe_config import MoeConfig
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 # Gated activations multiply act(x @ wi_0) by (x @ wi_1); the others use one input kernel `wi`.
@@ -172,6 +173,9 @@ class ModelConfig:
   adapter: AdapterConfig | None = None
   """Parameter-efficient finetuning (t5lite.models.adapters): LoRA branches on the targeted
   kernels. The PEFT recipe (TrainConfig.peft) sets it; None: the plain network."""
+  moe: MoeConfig | None = None
+  """Mixture-of-Experts (t5lite.models.moe_config): routed MLPs in some layers of each stack
+  (Switch Transformers, top-k). None: every MLP dense."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -211,6 +215,13 @@ class ModelConfig:
     if self.adapter is not None and not isinstance(self.adapter, AdapterConfig):
       raise ConfigError(f"ModelConfig.adapter must be an AdapterConfig or None, got "
                         f"{type(self.adapter).__name__}")
+    if self.moe is not None:
+      if not isinstance(self.moe, MoeConfig):
+        raise ConfigError(f"ModelConfig.moe must be a MoeConfig or None, got "
+                          f"{type(self.moe).__name__}")
+      if self.scan_layers or self.shared_layer_groups:
+        raise ConfigError("ModelConfig.moe: sparse and dense layers differ, so they cannot be "
+                          "scanned or shared; set scan_layers=False and shared_layer_groups=0")
 
   def _check_head_options(self):
     for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):
@@ -377,7 +388,7 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)  # the adapter as a nested dict (None without one)
+    return dataclasses.asdict(self)  # adapter and moe as nested dicts (None without them)
 
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
@@ -387,6 +398,8 @@ class ModelConfig:
       raise ConfigError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
     if isinstance(values.get("adapter"), dict):
       values = dict(values, adapter=AdapterConfig.from_dict(values["adapter"]))
+    if isinstance(values.get("moe"), dict):
+      values = dict(values, moe=MoeConfig.from_dict(values["moe"]))
     return cls(**values)
 
   def to_json(self) -> str:

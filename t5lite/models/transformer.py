@@ -21,6 +21,7 @@ from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_ma
                                      mask_to_bias, prefix_lm_mask, segment_mask, with_prompt)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
+from t5lite.models.moe import RoutedMlp
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
                                      add_position_bias, interleaved_sinusoidal_embedding,
                                      sinusoidal_embedding)
@@ -45,12 +46,21 @@ def residual(module: nn.Module, x: jax.Array, sublayer: Callable, name: str) -> 
   return Norm(cfg, name=f"post_{name}")(x + drop(sublayer(x)))
 
 
+def layer_mlp(layer: nn.Module) -> nn.Module:
+  """The layer's MLP block, named 'mlp': routed (Mixture-of-Experts) in a sparse layer."""
+  if layer.sparse:
+    return RoutedMlp(layer.config, layer.deterministic, name="mlp")
+  return Mlp(layer.config, layer.deterministic, name="mlp")
+
+
 class EncoderLayer(nn.Module):
   """Self-attention + MLP, each with a residual and a norm. Also the decoder-only layer."""
   config: ModelConfig
   deterministic: bool = True
   cache_length: int = 0
   """> 0: incremental decoding with a self-attention cache of this many slots."""
+  sparse: bool = False
+  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe)."""
 
   @nn.compact
   def __call__(self, x, bias, positions):
@@ -60,7 +70,7 @@ class EncoderLayer(nn.Module):
                                    cache_length=self.cache_length, name="attention")
     x = residual(self, x, lambda y: attention(y, y, bias, positions, positions),
                  "attention_layer_norm")
-    x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
+    x = residual(self, x, layer_mlp(self), "mlp_layer_norm")
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
     self.sow(INTERMEDIATES, "hidden_states", x)  # for distillation; free unless asked for
     return x, None  # (carry, per-layer output) as nn.scan expects
@@ -72,6 +82,8 @@ class DecoderLayer(nn.Module):
   deterministic: bool = True
   cache_length: int = 0
   """> 0: incremental decoding (self-attention cache, cross-attention K/V projected once)."""
+  sparse: bool = False
+  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe)."""
 
   @nn.compact
   def __call__(self, x, self_bias, positions, encoded, cross_bias):
@@ -88,7 +100,7 @@ class DecoderLayer(nn.Module):
                  "self_attention_layer_norm")
     x = residual(self, x, lambda y: cross_attention(y, encoded, cross_bias),
                  "cross_attention_layer_norm")
-    x = residual(self, x, Mlp(cfg, self.deterministic, name="mlp"), "mlp_layer_norm")
+    x = residual(self, x, layer_mlp(self), "mlp_layer_norm")
     x = nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
     self.sow(INTERMEDIATES, "hidden_states", x)
     return x, None
@@ -100,11 +112,15 @@ def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool
   (params under `layers`, stacked on a leading axis named 'layers'). Call inside a compact
   method: the layers become children of the calling module. cache_length > 0 (decoding)
   needs unscanned layers: decoding.py converts scanned params before it decodes."""
+  # Mixture-of-Experts: which layers are sparse (HF's rule per stack: the decoder of an
+  # encoder-decoder model has its own step; a decoder-only stack takes the encoder's).
+  stack = "decoder" if layer_cls is DecoderLayer else "encoder"
+  sparse = [cfg.moe is not None and cfg.moe.is_sparse(stack, i) for i in range(num_layers)]
   if cache_length:
     if cfg.scan_layers:
       raise ValueError("incremental decoding runs unscanned layers (see unscan_params)")
     for i in range(num_layers):
-      x, _ = layer_cls(cfg, deterministic, cache_length, name=f"layers_{i}")(x, *args)
+      x, _ = layer_cls(cfg, deterministic, cache_length, sparse[i], name=f"layers_{i}")(x, *args)
     return x
   if cfg.remat_policy != "none":
     layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy],
@@ -118,7 +134,7 @@ def run_layers(layer_cls: type[nn.Module], cfg: ModelConfig, deterministic: bool
     x, _ = scanned(cfg, deterministic, name="layers")(x, *args)
     return x
   for i in range(num_layers):
-    x, _ = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, *args)
+    x, _ = layer_cls(cfg, deterministic, sparse=sparse[i], name=f"layers_{i}")(x, *args)
   return x
 
 

@@ -1,0 +1,110 @@
+"""The routed MLP of a Mixture-of-Experts layer (Switch Transformers, GShard / ST-MoE top-k).
+
+    x (B, L, D) -> router logits (B, L, E) in float32 -> top-k experts and their probabilities
+    -> each expert takes its first `capacity` tokens of each sequence (the first choices of
+       every token before any second choice, then sequence order) -> the experts' MLPs
+    -> their outputs weighted by the router probabilities; a token no expert took gets 0 (the
+       residual alone carries it)
+
+Dispatch and combine are one-hot einsums over (expert, capacity slot), T5X's formulation:
+with the expert kernels' leading `expert` axis on a mesh axis, GSPMD turns them into the
+all-to-all of expert parallelism. The module sows, per sparse layer, its router logits, the
+number of token choices per expert and how many of them an expert took, into the `router`
+collection (t5lite.models.moe_losses turns those into the losses and metrics).
+
+Params of a sparse layer's `mlp`: router/kernel (D, E); wi (or wi_0, wi_1)/kernel (E, D, F);
+wo/kernel (E, F, D). Example (E=4, top-1, capacity 2, one sequence choosing experts
+[0, 0, 0, 1]): the third token is dropped (expert 0 is full), the others each go to theirs.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.config import ModelConfig
+from t5lite.models.layers import ACTIVATION_FNS
+
+ROUTER = "router"
+"""The variable collection the sparse layers sow their router outputs into."""
+
+
+class Routing(NamedTuple):
+  dispatch: jax.Array  # (B, L, E, C) bool: token -> (expert, slot)
+  combine: jax.Array  # (B, L, E, C) float32: dispatch times the router probability
+  load: jax.Array  # (E,) float32: token choices per expert (before capacity)
+  kept: jax.Array  # () float32: choices an expert took
+
+
+def route(logits: jax.Array, top_k: int, capacity: int) -> Routing:
+  """Tokens choose their top-k experts; each expert keeps the first `capacity` choices of
+  each sequence, first choices before second ones (T5X's priority), in sequence order
+  within each (HF's cumulative sum over the sequence). logits (B, L, E) float32."""
+  batch, length, experts = logits.shape
+  probs = jax.nn.softmax(logits, axis=-1)
+  gates, chosen = jax.lax.top_k(probs, top_k)  # (B, L, k): ties go to the lower expert id
+  choice = jax.nn.one_hot(chosen, experts, dtype=jnp.int32)  # (B, L, k, E)
+  by_priority = jnp.swapaxes(choice, 1, 2).reshape(batch, top_k * length, experts)
+  slot = jnp.cumsum(by_priority, axis=1) * by_priority  # 1-based slot in the chosen expert
+  slot = jnp.swapaxes(slot.reshape(batch, top_k, length, experts), 1, 2)  # (B, L, k, E)
+  kept = (slot > 0) & (slot <= capacity)
+  # one_hot of slot - 1: 0 (not chosen) and slots past capacity give all-zero rows.
+  slots = jax.nn.one_hot(jnp.where(kept, slot - 1, capacity), capacity, dtype=jnp.float32)
+  dispatch = jnp.sum(slots, axis=2)  # (B, L, E, C): a token holds at most one slot per expert
+  combine = jnp.sum(slots * gates[..., None, None], axis=2)
+  return Routing(dispatch > 0, combine, jnp.sum(choice, axis=(0, 1, 2)).astype(jnp.float32),
+                 jnp.sum(kept).astype(jnp.float32))
+
+
+class RoutedMlp(nn.Module):
+  """A sparse layer's MLP: `num_experts` MLPs of the model's shape behind a top-k router."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg, moe = self.config, self.config.moe
+    d, f, e = cfg.d_model, cfg.d_ff, moe.num_experts
+    training = not self.deterministic
+    router = self.param("router", nn.with_logical_partitioning(
+        nn.initializers.normal(cfg.init_std or (0.1 / d) ** 0.5), ("embed", None)),
+        (d, e), cfg.storage_dtype)
+    hidden = x.astype(jnp.float32)  # selective precision: the router always runs in float32
+    if training and moe.jitter_noise > 0:
+      noise = jax.random.uniform(self.make_rng("dropout"), hidden.shape, jnp.float32,
+                                 1.0 - moe.jitter_noise, 1.0 + moe.jitter_noise)
+      hidden = hidden * noise
+    logits = jnp.einsum("bld,de->ble", hidden, router.astype(jnp.float32))
+    capacity = moe.capacity(x.shape[1], training)
+    routing = route(logits, moe.top_k, capacity)
+    self.sow(ROUTER, "logits", logits)
+    self.sow(ROUTER, "load", routing.load)
+    self.sow(ROUTER, "kept", routing.kept)
+
+    def kernel(name, shape, axes, stddev):
+      init = nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std or stddev), axes)
+      return self.param(name, init, shape, cfg.storage_dtype).astype(cfg.compute_dtype)
+
+    dtype = cfg.compute_dtype
+    expert_in = jnp.einsum("bld,blec->ebcd", x.astype(dtype), routing.dispatch.astype(dtype))
+    expert_in = nn.with_logical_constraint(expert_in, ("expert", "batch", None, "embed"))
+    act = ACTIVATION_FNS[cfg.mlp_activation]
+    wi_axes, wo_axes = ("expert", "embed", "mlp"), ("expert", "mlp", "embed")
+    if cfg.gated_mlp:
+      h = act(jnp.einsum("ebcd,edf->ebcf", expert_in, kernel("wi_0", (e, d, f), wi_axes,
+                                                              d ** -0.5)))
+      h = h * jnp.einsum("ebcd,edf->ebcf", expert_in, kernel("wi_1", (e, d, f), wi_axes,
+                                                              d ** -0.5))
+    else:
+      h = act(jnp.einsum("ebcd,edf->ebcf", expert_in, kernel("wi", (e, d, f), wi_axes,
+                                                            d ** -0.5)))
+    h = nn.with_logical_constraint(h, ("expert", "batch", None, "mlp"))
+    h = nn.Dropout(moe.dropout(cfg.dropout_rate))(h, deterministic=self.deterministic)
+    expert_out = jnp.einsum("ebcf,efd->ebcd", h, kernel("wo", (e, f, d), wo_axes, f ** -0.5))
+    expert_out = nn.with_logical_constraint(expert_out, ("expert", "batch", None, "embed"))
+    # HF scales the expert output by its router probability in the activation dtype.
+    y = jnp.einsum("ebcd,blec->bld", expert_out, routing.combine.astype(dtype))
+    return y.astype(dtype)
+
