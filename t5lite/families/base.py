@@ -37,8 +37,9 @@ import numpy as np
 
 from t5lite.data.converters import FeatureConverter
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, losses
+from t5lite.models import decoding, losses, moe_losses
 from t5lite.models.config import ModelConfig
+from t5lite.models.moe import ROUTER
 from t5lite.models.network import make_model
 from t5lite.models.params import init_boxed, unbox_shapes
 
@@ -135,11 +136,34 @@ class Family(abc.ABC):
 
   def logits(self, params: Tree, batch: Batch, rng: jax.Array | None = None) -> jax.Array:
     """The network's output on a batch; rng None: no dropout."""
+    return self.forward(params, batch, rng)[0]
+
+  def forward(self, params: Tree, batch: Batch, rng: jax.Array | None = None
+              ) -> tuple[jax.Array, Tree | None]:
+    """(the network's output, what its sparse layers sowed into the `router` collection, or
+    None for a model without Mixture-of-Experts layers); rng None: no dropout, no jitter."""
     config = self.config
-    dropout = rng is not None and config.uses_dropout
+    # A training step (an rng) also turns on the router's jitter noise.
+    dropout = rng is not None and (config.uses_dropout or bool(config.moe))
     model = self.make_model(enable_dropout=dropout)
-    return model.apply({"params": params}, **self.model_inputs(batch),
-                       rngs={"dropout": rng} if dropout else None)
+    rngs = {"dropout": rng} if dropout else None
+    if config.moe is None:
+      return model.apply({"params": params}, **self.model_inputs(batch), rngs=rngs), None
+    out, state = model.apply({"params": params}, **self.model_inputs(batch), rngs=rngs,
+                             mutable=[ROUTER])
+    return out, state.get(ROUTER, {})
+
+  def with_router_losses(self, loss_sum: jax.Array, sums: dict[str, jax.Array],
+                         routed: Tree | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """loss_fn's (loss sum, sums) plus a Mixture-of-Experts model's router losses, weighted by
+    the batch's share of the normalizer (t5lite.models.moe_losses); unchanged without."""
+    if routed is None:
+      return loss_sum, sums
+    lnf = self.loss.loss_normalizing_factor
+    weight = (sums["normalizer"] if isinstance(lnf, str)
+              else jnp.asarray(1.0 if lnf is None else lnf, jnp.float32))
+    extra, router_sums = moe_losses.router_loss_sums(self.config, routed, weight)
+    return loss_sum + extra, {**sums, **router_sums}
 
   def loss_fn(self, params: Tree, batch: Batch, rng: jax.Array | None
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -151,14 +175,23 @@ class Family(abc.ABC):
     (weighted sum) and 'correct' (weighted argmax hits).
     """
     target_key, weight_key, segment_key = self.target_features
-    return token_loss_sums(self.logits(params, batch, rng), batch[target_key],
-                           batch.get(weight_key), batch.get(segment_key), self.loss)
+    out, routed = self.forward(params, batch, rng)
+    return self.with_router_losses(*token_loss_sums(
+        out, batch[target_key], batch.get(weight_key), batch.get(segment_key), self.loss),
+        routed)
 
   def metrics(self, sums: Mapping[str, jax.Array], normalizer: jax.Array
               ) -> dict[str, jax.Array]:
     """The per-step figures from a step's summed loss_fn sums (loss is the step's own)."""
     return {"z_loss": sums["z_loss"] / normalizer, "weight_sum": sums["weight_sum"],
-            "accuracy": sums["correct"] / jnp.maximum(sums["weight_sum"], 1e-8)}
+            "accuracy": sums["correct"] / jnp.maximum(sums["weight_sum"], 1e-8),
+            **self.router_metrics(sums, normalizer)}
+
+  def router_metrics(self, sums: Mapping[str, jax.Array], normalizer: jax.Array) -> dict:
+    """Routing figures of a Mixture-of-Experts model (none without one)."""
+    if self.config.moe is None or "router_choices" not in sums:
+      return {}
+    return moe_losses.router_metrics(self.config, sums, normalizer)
 
   # --- decoding and scoring -----------------------------------------------------------------
 
