@@ -129,6 +129,9 @@ def weight_map(config: ModelConfig) -> list[Entry]:
   """hf_t5's weight map with Switch's feed-forward blocks."""
   entries = [e for e in hf_t5.weight_map(config.replace(moe=None, mlp_activation="relu"))
              if ".DenseReluDense." not in e.hf]
+  # Untied, transformers 5 reads each stack's input embedding from its own tensor.
+  entries += [Entry((("token_embedder", "embedding"),), f"{stack}.embed_tokens.weight")
+              for stack in ("encoder", "decoder")]
   for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
     block = 1 if stack == "encoder" else 2
     for i in range(n):
@@ -153,10 +156,24 @@ class SwitchLayout(HFLayout):
                              "Transformers checkpoint")
       lm_head = tensors.get("lm_head.weight")
       tied = lm_head is None or np.array_equal(lm_head, tensors["shared.weight"])
+      for stack in ("encoder", "decoder"):
+        table = tensors.get(f"{stack}.embed_tokens.weight")
+        if table is not None and not np.array_equal(table, tensors["shared.weight"]):
+          # transformers 5 unties the stacks' input embeddings with tie_word_embeddings=false
+          raise ConfigError(f"{stack}.embed_tokens.weight differs from shared.weight: t5lite's "
+                            "encoder and decoder read one token embedding; this checkpoint "
+                            "cannot be imported as it is")
     return config_from_hf(hf, tied=tied, **overrides)
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
     return weight_map(config)
+
+  def checkpoint_tensors(self, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """A tied checkpoint stores the stacks' input embeddings once, as shared.weight."""
+    missing = {f"{stack}.embed_tokens.weight": tensors["shared.weight"]
+               for stack in ("encoder", "decoder")
+               if f"{stack}.embed_tokens.weight" not in tensors and "shared.weight" in tensors}
+    return {**tensors, **missing} if missing else tensors
 
   def check_claim(self, hf, where, max_params=None) -> tuple[int, str]:
     config = self.config_from_hf(hf, None)

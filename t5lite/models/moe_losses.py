@@ -35,7 +35,8 @@ def _layers(router_state: Mapping) -> list[tuple[str, int, dict]]:
     layer = next(p for p in where if p.startswith("layers_"))
     stack = where[0]
     layers.setdefault((stack, int(layer.split("_")[1])), {})[name] = value[0]  # sow: a tuple
-  return [(stack, i, layers[(stack, i)]) for stack, i in sorted(layers)]
+  order = sorted(layers, key=lambda key: (key[0] != "encoder", key))  # the encoder first
+  return [(stack, i, layers[(stack, i)]) for stack, i in order]
 
 
 def z_loss(logits: jax.Array) -> jax.Array:
