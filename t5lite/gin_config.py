@@ -24,6 +24,7 @@ from t5lite.eval.run import EvalConfig, InferConfig
 from t5lite.families.distillation import DistillationConfig
 from t5lite.families.peft import PeftConfig
 from t5lite.models.adapters import AdapterConfig
+from t5lite.models.moe_config import MoeConfig
 from t5lite.models.config import ModelConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.runtime.partitioning import MeshConfig
@@ -37,7 +38,7 @@ REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 # Registered by name (e.g. `ModelConfig`, or `t5lite.ModelConfig`); the classes stay gin-free.
 CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
                  MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig,
-                 DistillationConfig, PeftConfig, AdapterConfig)
+                 DistillationConfig, PeftConfig, AdapterConfig, MoeConfig)
 for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 

@@ -15,6 +15,8 @@ PUBLISHED = {
     "gin/models/t5_1_1/small.gin": 76_961_152,
     "gin/models/t5_1_1/base.gin": 247_577_856,
     "gin/models/t5_1_1/large.gin": 783_150_080,
+    "gin/models/switch/base_8.gin": 619_339_008,
+    "gin/models/switch/base_128.gin": 7_415_217_408,
 }
 
 
@@ -41,7 +43,8 @@ def test_model_file_builds_abstractly(path):
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
   if path in PUBLISHED:
     assert count_params(shapes) == PUBLISHED[path]
-  if not config.shared_layer_groups:  # shared layers (ALBERT) run as a loop, never scanned
+  # Shared layers (ALBERT) run as a loop, never scanned; so do Mixture-of-Experts stacks.
+  if not config.shared_layer_groups and config.moe is None:
     scanned = abstract_params(config.replace(scan_layers=True))
     assert count_params(scanned) == count_params(shapes)
 

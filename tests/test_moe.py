@@ -207,3 +207,22 @@ def test_separate_stack_embeddings_are_refused_by_name(tmp_path_factory, tmp_pat
   model.save_pretrained(tmp_path)
   with pytest.raises(ConfigError, match="decoder.embed_tokens.weight differs from shared"):
     t5lite.load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("experts", [8, 128])
+def test_switch_base_files_are_the_published_models(experts):
+  """gin/models/switch/base_<E>.gin: HF's parameter count (torch's meta device: nothing
+  allocated) and exactly the config that importing google/switch-base-<E>'s config.json gives."""
+  from t5lite import count_params, gin_config
+  from t5lite.export import hf as hf_export
+  gin_config.parse([f"gin/models/switch/base_{experts}.gin"])
+  ours = gin_config.model_config()
+  published = transformers.SwitchTransformersConfig(
+      d_ff=3072, num_experts=experts, expert_capacity=64, num_sparse_encoder_layers=6,
+      num_sparse_decoder_layers=6)
+  with torch.device("meta"):
+    model = transformers.SwitchTransformersForConditionalGeneration(published)
+  hf_count = sum(p.numel() for p in model.parameters())
+  assert count_params(ours) == hf_count == {8: 619_339_008, 128: 7_415_217_408}[experts]
+  assert hf_export.config_from_hf(published.to_dict(), tied=True) == ours
+  assert hf_export.config_to_hf(ours)["encoder_sparse_step"] == 2
