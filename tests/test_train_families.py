@@ -16,6 +16,7 @@ import pytest
 import train_tasks  # noqa: F401 (registers train_test_lm, train_test_prefix_lm, train_test_mlm)
 from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records,
                      quiet, tiny_decoder_only, tiny_encoder_only, train_config)
+from t5lite.models.moe_config import MoeConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
@@ -32,6 +33,12 @@ FAMILIES = {
     "electra": (tiny_encoder_only(family="electra", replaced_token_detection=True,
                                   generator_hidden_fraction=0.5, type_vocab_size=2,
                                   embedding_norm=True, dropout_rate=0.1),
+                "train_test_mlm", {"inputs": 32}),
+    # Mixture-of-Experts on both stack kinds: top-2 with jitter and dropout, top-1 Switch.
+    "moe_causal_lm": (tiny_decoder_only(dropout_rate=0.1, moe=MoeConfig(
+        num_experts=3, top_k=2, jitter_noise=0.01, encoder_sparse_step=1)),
+        "train_test_lm", {"targets": 32}),
+    "moe_mlm": (tiny_encoder_only(moe=MoeConfig(num_experts=4, capacity_factor=1.0)),
                 "train_test_mlm", {"inputs": 32}),
 }
 
@@ -88,10 +95,16 @@ def test_the_loss_falls_and_metrics_jsonl_has_every_logged_step(runs, family):
             "replaced_precision", "replaced_recall"} <= set(rows[-1])
     assert 0.5 < rows[-1]["discriminator_accuracy"] <= 1.0
     assert f"eval/{task}/discriminator_accuracy" in evaluation
+  if family.startswith("moe_"):  # router losses and routing figures, in train and eval
+    experts = FAMILIES[family][0].moe.num_experts
+    loads = [rows[-1][f"expert_load_{e}"] for e in range(experts)]
+    assert abs(sum(loads) - 1.0) < 1e-5 and 0.0 <= rows[-1]["dropped_fraction"] < 1.0
+    assert rows[-1]["router_z_loss"] > 0 and rows[-1]["router_aux_loss"] > 0
+    assert f"eval/{task}/dropped_fraction" in evaluation
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["causal_lm", "electra"])
+@pytest.mark.parametrize("family", ["causal_lm", "electra", "moe_causal_lm"])
 def test_a_resumed_run_continues_bitwise(runs, family, tmp_path):
   """Restarted from its step-10 checkpoint (params, optimizer state, data position, dropout
   rng; ELECTRA's two networks and its sampling rng), the run logs the losses and ends with

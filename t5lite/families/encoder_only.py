@@ -20,6 +20,7 @@ from t5lite.families import heads
 from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
 from t5lite.families.registry import register
 from t5lite.models import losses
+from t5lite.models.moe import ROUTER
 
 
 def mlm_slots(length: int) -> int:
@@ -94,11 +95,19 @@ class EncoderOnlyFamily(Family):
     numbers); the loss is the same as over all positions, whose other weights are 0."""
     if self.config.head:
       return heads.family_loss(self, params, batch, rng)
-    dropout = rng is not None and self.config.uses_dropout
+    # A training step (an rng) also turns on a Mixture-of-Experts router's jitter.
+    dropout = rng is not None and (self.config.uses_dropout or bool(self.config.moe))
     model = self.make_model(enable_dropout=dropout)
-    apply = lambda method, *args: model.apply(  # noqa: E731
-        {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None)
-    states = apply("hidden_states", *[batch.get(k) for k in model.INPUTS])  # (B, L, D)
+    apply = lambda method, *args, **kwargs: model.apply(  # noqa: E731
+        {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None,
+        **kwargs)
+    inputs = [batch.get(k) for k in model.INPUTS]
+    routed = None  # what sparse layers sowed (t5lite.models.moe), for the router losses
+    if self.config.moe is None:
+      states = apply("hidden_states", *inputs)  # (B, L, D)
+    else:
+      states, routed = apply("hidden_states", *inputs, mutable=[ROUTER])
+      routed = routed.get(ROUTER, {})
     target_key, weight_key, segment_key = self.target_features
     targets, weights, segment_ids = (batch[target_key], batch.get(weight_key),
                                      batch.get(segment_key))
@@ -113,7 +122,7 @@ class EncoderOnlyFamily(Family):
       loss_sum = loss_sum + sbo_sum * sums["normalizer"] / jnp.maximum(sbo["normalizer"], 1.0)
       sums = dict(sums, sbo_loss=sbo_sum, sbo_weight_sum=sbo["weight_sum"])
     if not (self.config.sentence_classes and "sentence_labels" in batch):
-      return loss_sum, sums
+      return self.with_router_losses(loss_sum, sums, routed)
     sentence = apply("sentence_logits", states)  # (B, C)
     labels = batch["sentence_labels"].astype(jnp.int32)  # (B,)
     log_probs = jax.nn.log_softmax(sentence.astype(jnp.float32))  # (B, C)
@@ -127,7 +136,7 @@ class EncoderOnlyFamily(Family):
     hits = (jnp.argmax(sentence, -1) == labels).astype(jnp.float32) * real
     sums = dict(sums, sentence_loss=sentence_sum, sentence_rows=rows,
                 sentence_correct=jnp.sum(hits))
-    return loss_sum, sums
+    return self.with_router_losses(loss_sum, sums, routed)
 
   def _span_boundary_sums(self, apply, states, batch, pick):
     """token_loss_sums of SpanBERT's span boundary head at the picked positions: each span
