@@ -226,3 +226,16 @@ def test_switch_base_files_are_the_published_models(experts):
   assert count_params(ours) == hf_count == {8: 619_339_008, 128: 7_415_217_408}[experts]
   assert hf_export.config_from_hf(published.to_dict(), tied=True) == ours
   assert hf_export.config_to_hf(ours)["encoder_sparse_step"] == 2
+
+
+def test_flops_count_top_k_experts_and_the_router():
+  """A routed layer costs top_k experts' MLP plus the d x E router per token."""
+  dense = tiny(top_k=1).replace(moe=None)
+  lengths = {"encoder_input_tokens": 10, "decoder_target_tokens": 6}
+  for top_k in (1, 2):
+    config = tiny(top_k=top_k)  # step 2: encoder layer 1, decoder layer 1
+    extra = family_of(config).flops_per_example(lengths) - family_of(dense).flops_per_example(
+        lengths)
+    mlp = 3 * 16 * 24  # gated: wi_0, wi_1, wo
+    per_token = (top_k - 1) * mlp + 16 * 3
+    assert extra == 6 * per_token * (10 + 6)

@@ -269,3 +269,13 @@ def attention_params(config: ModelConfig) -> int:
 def mlp_params(config: ModelConfig) -> int:
   """wi (wi_0 and wi_1 when gated) and wo of one MLP block."""
   return (3 if config.gated_mlp else 2) * config.d_model * config.d_ff
+
+
+def stack_mlp_params(config: ModelConfig, stack: str, num_layers: int) -> int:
+  """The MLP weights a token passes through in a stack of num_layers layers: mlp_params per
+  dense layer; in a Mixture-of-Experts sparse layer top_k experts' plus the router (d x E)."""
+  moe = config.moe
+  sparse = len(moe.sparse_layers(stack, num_layers)) if moe is not None else 0
+  routed = sparse * (moe.top_k * mlp_params(config) + config.d_model * moe.num_experts
+                     ) if sparse else 0
+  return (num_layers - sparse) * mlp_params(config) + routed

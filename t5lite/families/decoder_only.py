@@ -14,7 +14,7 @@ from typing import Mapping
 
 from t5lite.data import converters, pretraining
 from t5lite.families import heads
-from t5lite.families.base import Family, attention_params, mlp_params
+from t5lite.families.base import Family, attention_params, stack_mlp_params
 from t5lite.families.registry import register
 
 
@@ -61,7 +61,8 @@ class DecoderOnlyFamily(Family):
     GPT-1's auxiliary LM loss)."""
     c = self.config
     length = lengths.get("decoder_target_tokens") or lengths["decoder_input_tokens"]
-    p_dec = c.num_decoder_layers * (attention_params(c) + mlp_params(c))
+    p_dec = (c.num_decoder_layers * attention_params(c)
+             + stack_mlp_params(c, "encoder", c.num_decoder_layers))  # MoE: the encoder's step
     output = c.vocab_size if (not c.head or c.lm_loss_weight) else c.num_labels
     return float(6 * (p_dec + c.d_model * output) * length
                  + 12 * c.num_heads * c.d_kv * c.num_decoder_layers * length**2)

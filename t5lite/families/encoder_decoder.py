@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from t5lite.data import converters, pretraining
-from t5lite.families.base import Family, attention_params, mlp_params
+from t5lite.families.base import Family, attention_params, stack_mlp_params
 from t5lite.families.registry import register
 
 
@@ -40,8 +40,8 @@ class EncoderDecoderFamily(Family):
     c = self.config
     l_in, l_tgt = lengths["encoder_input_tokens"], lengths["decoder_target_tokens"]
     n_enc, n_dec = c.num_encoder_layers, c.num_decoder_layers
-    p_enc = n_enc * (attention_params(c) + mlp_params(c))
-    p_dec = n_dec * (2 * attention_params(c) + mlp_params(c))
+    p_enc = n_enc * attention_params(c) + stack_mlp_params(c, "encoder", n_enc)
+    p_dec = n_dec * 2 * attention_params(c) + stack_mlp_params(c, "decoder", n_dec)
     p_xkv = n_dec * 2 * c.d_model * c.num_heads * c.d_kv
     dense = p_enc * l_in + (p_dec - p_xkv) * l_tgt + p_xkv * l_in + c.d_model * c.vocab_size * l_tgt
     pairs = n_enc * l_in**2 + n_dec * (l_tgt**2 + l_tgt * l_in)

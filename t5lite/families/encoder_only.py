@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from t5lite.data import converters, pretraining
 from t5lite.families import heads
-from t5lite.families.base import Family, attention_params, mlp_params, token_loss_sums
+from t5lite.families.base import (Family, attention_params, stack_mlp_params,
+                                  token_loss_sums)
 from t5lite.families.registry import register
 from t5lite.models import losses
 from t5lite.models.moe import ROUTER
@@ -170,7 +171,8 @@ class EncoderOnlyFamily(Family):
     c = self.config
     length = lengths["encoder_input_tokens"]
     layers = c.num_encoder_layers * c.layer_repeats  # shared layers still run at every slot
-    p_enc = layers * (attention_params(c) + mlp_params(c))
+    p_enc = layers * attention_params(c) + (c.layer_repeats  # MoE: never shared (ModelConfig)
+                                           * stack_mlp_params(c, "encoder", c.num_encoder_layers))
     output = c.embedding_width * c.vocab_size if not c.head else c.d_model * c.num_labels
     return float(6 * (p_enc + output) * length
                  + 12 * c.num_heads * c.d_kv * layers * length**2)
