@@ -436,7 +436,7 @@ def test_mismatched_process_counts_stop_every_process(bad_setups):
 def test_a_mesh_that_does_not_fit_the_devices_stops_every_process(bad_setups):
   for code, out in bad_setups["mesh"]:
     assert code == 2, out
-    assert "mesh (3, 1, 1) needs 3 devices, the 2 processes have 4" in out
+    assert "mesh (3, 1, 1, 1) needs 3 devices, the 2 processes have 4" in out
 
 
 @pytest.mark.slow

@@ -49,18 +49,19 @@ def init_sharded(config, mesh, rules, rng: int = 0):
 
 @pytest.mark.parametrize("sizes", MESHES)
 def test_make_mesh_has_the_sizes_and_auto_axes(sizes):
-  mesh = mesh_of(sizes)
-  assert tuple(mesh.shape.values()) == sizes
-  assert mesh.axis_names == ("data", "fsdp", "tensor")
-  assert mesh.axis_types == (AxisType.Auto,) * 3
+  mesh = mesh_of(sizes)  # sizes: (data, fsdp, tensor); the expert axis 1
+  assert tuple(mesh.shape.values()) == (sizes[0], sizes[1], 1, sizes[2])
+  assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+  assert mesh.axis_types == (AxisType.Auto,) * 4
   assert mesh.devices.size == 8
 
 
 @pytest.mark.parametrize("config, sizes", [
-    (MeshConfig(), (8, 1, 1)),
-    (MeshConfig(data=2, fsdp=-1), (2, 4, 1)),
-    (MeshConfig(data=1, fsdp=-1), (1, 8, 1)),
-    (MeshConfig(data=-1, fsdp=2, tensor=2), (2, 2, 2)),
+    (MeshConfig(), (8, 1, 1, 1)),  # (data, fsdp, expert, tensor)
+    (MeshConfig(data=2, fsdp=-1), (2, 4, 1, 1)),
+    (MeshConfig(data=1, fsdp=-1), (1, 8, 1, 1)),
+    (MeshConfig(data=-1, fsdp=2, tensor=2), (2, 2, 1, 2)),
+    (MeshConfig(data=-1, expert=4), (2, 1, 4, 1)),
 ])
 def test_minus_one_takes_the_remaining_devices(config, sizes):
   assert config.resolve() == sizes
@@ -68,12 +69,12 @@ def test_minus_one_takes_the_remaining_devices(config, sizes):
 
 
 def test_bad_sizes_give_a_clear_error():
-  message = "mesh (2, 2, 1) needs 4 devices, this host has 8"
+  message = "mesh (2, 2, 1, 1) needs 4 devices, this host has 8"
   with pytest.raises(ValueError, match=re.escape(message)):
     make_mesh(MeshConfig(2, 2, 1))
-  with pytest.raises(ValueError, match=re.escape("mesh (2, 4, 1) needs 8 devices, were given 4")):
+  with pytest.raises(ValueError, match=re.escape("mesh (2, 4, 1, 1) needs 8 devices, were given 4")):
     make_mesh(MeshConfig(2, 4, 1), devices=jax.devices()[:4])
-  with pytest.raises(ValueError, match=re.escape("mesh (3, -1, 1) cannot fill")):
+  with pytest.raises(ValueError, match=re.escape("mesh (3, -1, 1, 1) cannot fill")):
     MeshConfig(3, -1, 1).resolve()
   with pytest.raises(ValueError, match="more than one -1"):
     MeshConfig(-1, -1, 1)
@@ -83,7 +84,7 @@ def test_bad_sizes_give_a_clear_error():
 
 def test_make_mesh_on_a_subset_of_devices():
   mesh = make_mesh(MeshConfig(data=-1, tensor=2), devices=jax.devices()[:4])
-  assert tuple(mesh.shape.values()) == (2, 1, 2)
+  assert tuple(mesh.shape.values()) == (2, 1, 1, 2)
 
 
 # --- rules and parameter shardings
@@ -93,7 +94,7 @@ def test_fsdp_rules_keep_activation_embed_whole():
   (no batch axis) goes on 'fsdp' (the T5X 2-D parameter sharding scheme)."""
   rules = logical_axis_rules(fsdp=True)
   activation = nn.logical_to_mesh_axes(("batch", "length", "embed"), rules)
-  assert activation == P(("data", "fsdp"), None, None)
+  assert activation == P(("data", "fsdp", "expert"), None, None)
   assert nn.logical_to_mesh_axes(("embed", "heads", "kv"), rules) == P("fsdp", "tensor", None)
   plain = nn.logical_to_mesh_axes(("embed", "heads", "kv"), logical_axis_rules())
   assert plain == P(None, "tensor", None)
@@ -229,7 +230,7 @@ def test_global_batch_shapes_and_sharding():
   batch = global_batch(host, mesh)
   assert batch["encoder_input_tokens"].shape == (4, 8)
   assert batch["encoder_input_tokens"].sharding == batch_sharding(mesh)
-  assert batch["weights"].sharding.spec == P(("data", "fsdp"))
+  assert batch["weights"].sharding.spec == P(("data", "fsdp", "expert"))
   assert batch["encoder_input_tokens"].addressable_shards[0].data.shape == (1, 8)
   np.testing.assert_array_equal(np.asarray(batch["encoder_input_tokens"]),
                                 host["encoder_input_tokens"])
@@ -273,7 +274,7 @@ def test_sharded_forward_matches_single_device(sizes, fsdp):
 
 
 def test_activations_are_constrained_to_the_mesh():
-  """Under activate(), heads go on 'tensor', batch on ('data', 'fsdp'), and the residual
+  """Under activate(), heads go on 'tensor', batch on ('data', 'fsdp', 'expert'), and the residual
   stream's embed axis stays whole even with FSDP rules."""
   mesh, rules = mesh_of((2, 2, 2)), logical_axis_rules(fsdp=True)
   params = init_sharded(CONFIG, mesh, rules, rng=0)
@@ -283,9 +284,9 @@ def test_activations_are_constrained_to_the_mesh():
     text = jax.jit(lambda p, e, d: model.apply({"params": p}, e, d)).lower(
         params, tokens, tokens).as_text()
   constraints = [line for line in text.splitlines() if "sharding_constraint" in line]
-  heads = [c for c in constraints if '[{"data", "fsdp"}, {}, {"tensor"}, {}]' in c]
+  heads = [c for c in constraints if '[{"data", "fsdp", "expert"}, {}, {"tensor"}, {}]' in c]
   embed = [c for c in constraints
-           if re.search(r'\[\{"data", "fsdp"\}, \{\}, \{\}\]> : tensor<4x8x32', c)]
+           if re.search(r'\[\{"data", "fsdp", "expert"\}, \{\}, \{\}\]> : tensor<4x8x32', c)]
   assert len(heads) >= 4 * 6  # q, k, v, out in 2 encoder + 2x2 decoder attentions
   assert len(embed) >= 2 + 4  # both embeddings and every layer's output
   assert not any(re.search(r'\{"fsdp"\}\]> : tensor<4x8x32', c) for c in constraints)

@@ -38,13 +38,27 @@ class Routing(NamedTuple):
   kept: jax.Array  # () float32: choices an expert took
 
 
+def top_k_experts(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """(values, indices) of the k largest entries of the last axis, as lax.top_k (ties: the
+  lower index first), by k rounds of argmax: a sort, which top_k lowers to, is gathered
+  whole onto every device under GSPMD, where an argmax stays with its batch shard."""
+  values, indices, remaining = [], [], probs
+  for _ in range(k):
+    index = jnp.argmax(remaining, axis=-1)
+    values.append(jnp.take_along_axis(probs, index[..., None], axis=-1)[..., 0])
+    indices.append(index)
+    remaining = jnp.where(jax.nn.one_hot(index, probs.shape[-1], dtype=bool), -jnp.inf,
+                          remaining)
+  return jnp.stack(values, axis=-1), jnp.stack(indices, axis=-1).astype(jnp.int32)
+
+
 def route(logits: jax.Array, top_k: int, capacity: int) -> Routing:
   """Tokens choose their top-k experts; each expert keeps the first `capacity` choices of
   each sequence, first choices before second ones (T5X's priority), in sequence order
   within each (HF's cumulative sum over the sequence). logits (B, L, E) float32."""
   batch, length, experts = logits.shape
   probs = jax.nn.softmax(logits, axis=-1)
-  gates, chosen = jax.lax.top_k(probs, top_k)  # (B, L, k): ties go to the lower expert id
+  gates, chosen = top_k_experts(probs, top_k)  # (B, L, k): ties go to the lower expert id
   choice = jax.nn.one_hot(chosen, experts, dtype=jnp.int32)  # (B, L, k, E)
   by_priority = jnp.swapaxes(choice, 1, 2).reshape(batch, top_k * length, experts)
   slot = jnp.cumsum(by_priority, axis=1) * by_priority  # 1-based slot in the chosen expert
@@ -88,7 +102,11 @@ class RoutedMlp(nn.Module):
       return self.param(name, init, shape, cfg.storage_dtype).astype(cfg.compute_dtype)
 
     dtype = cfg.compute_dtype
+    # Dispatch where the tokens are (each device its rows, every expert), then move the
+    # experts' slots to the devices that hold the experts: the reshard between the two
+    # constraints is the all-to-all of expert parallelism (and its mirror after the experts).
     expert_in = jnp.einsum("bld,blec->ebcd", x.astype(dtype), routing.dispatch.astype(dtype))
+    expert_in = nn.with_logical_constraint(expert_in, (None, "batch", None, "embed"))
     expert_in = nn.with_logical_constraint(expert_in, ("expert", "batch", None, "embed"))
     act = ACTIVATION_FNS[cfg.mlp_activation]
     wi_axes, wo_axes = ("expert", "embed", "mlp"), ("expert", "mlp", "embed")
@@ -104,6 +122,7 @@ class RoutedMlp(nn.Module):
     h = nn.Dropout(moe.dropout(cfg.dropout_rate))(h, deterministic=self.deterministic)
     expert_out = jnp.einsum("ebcf,efd->ebcd", h, kernel("wo", (e, f, d), wo_axes, f ** -0.5))
     expert_out = nn.with_logical_constraint(expert_out, ("expert", "batch", None, "embed"))
+    expert_out = nn.with_logical_constraint(expert_out, (None, "batch", None, "embed"))
     # HF scales the expert output by its router probability in the activation dtype.
     y = jnp.einsum("ebcd,blec->bld", expert_out, routing.combine.astype(dtype))
     return y.astype(dtype)

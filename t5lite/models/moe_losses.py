@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from t5lite.models.config import ModelConfig
+from t5lite.models.moe import top_k_experts
 
 
 def _layers(router_state: Mapping) -> list[tuple[str, int, dict]]:
@@ -48,7 +49,7 @@ def load_balancing_loss(logits: jax.Array, top_k: int) -> jax.Array:
   """E^2 * mean over (B, E) of f * P (see the module docstring); logits (B, L, E)."""
   experts = logits.shape[-1]
   probs = jax.nn.softmax(logits, axis=-1)
-  _, chosen = jax.lax.top_k(logits, top_k)
+  _, chosen = top_k_experts(logits, top_k)
   routed = jnp.max(jax.nn.one_hot(chosen, experts, dtype=jnp.float32), axis=-2)  # (B, L, E)
   return jnp.mean(jnp.mean(routed, axis=1) * jnp.mean(probs, axis=1)) * experts ** 2
 

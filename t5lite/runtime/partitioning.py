@@ -1,8 +1,8 @@
 """Device mesh, logical axis rules, and where params, optimizer state and batches live.
 
 The model names every parameter and key activation axis logically (`batch`, `embed`, `heads`,
-...; see t5lite/models/layers.py). This module owns the other half: a 3-D mesh with axes
-('data', 'fsdp', 'tensor') and the rules that map logical names onto it.
+...; see t5lite/models/layers.py). This module owns the other half: a 4-D mesh with axes
+('data', 'fsdp', 'expert', 'tensor') and the rules that map logical names onto it.
 
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     rules = logical_axis_rules(fsdp=True)
@@ -19,7 +19,15 @@ axis is given to at most one array dimension. `batch -> ('data', 'fsdp')` comes 
 activation (which always carries `batch`) 'fsdp' is taken before `embed -> 'fsdp'` is tried and
 embed stays unsharded; parameters have no `batch` axis, so their embed dimension gets 'fsdp'.
 No second name (maxtext's `activation_embed`) is needed, and the model stays unaware of FSDP.
-The rule order is therefore load-bearing: keep `batch` first.
+The rule order is therefore load-bearing: keep `batch` before `embed`.
+
+Expert parallelism (Mixture-of-Experts, t5lite.models.moe): the 'expert' axis splits the batch
+like 'data' and, in the sparse layers, the experts: kernels (E, D, F) and the dispatched
+tokens (E, B, C, D) put their `expert` dimension on it, so each device group computes its
+experts for the tokens of its data shard, and GSPMD moves tokens with all-to-alls. The
+`expert` rule comes first: in a dispatched array it takes the 'expert' axis, and `batch`
+falls back to ('data', 'fsdp'); arrays without an `expert` dimension split `batch` over all
+three.
 """
 from __future__ import annotations
 
@@ -37,9 +45,10 @@ from t5lite.errors import ConfigError
 from t5lite.families import Family, family_of
 from t5lite.models.config import ModelConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
-# Mesh axes that split the batch: plain data parallelism and FSDP both give each device its rows.
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# Mesh axes that split the batch: data parallelism, FSDP and the expert axis each give each
+# device its rows (the expert axis also splits the experts of Mixture-of-Experts layers).
+BATCH_AXES = ("data", "fsdp", "expert")
 
 LogicalRules = list[tuple[str, "str | tuple[str, ...] | None"]]
 Tree = Any
@@ -58,6 +67,9 @@ class MeshConfig:
   """Fully sharded data parallelism: batch rows split and, with FSDP rules, params' embed axis."""
   tensor: int = 1
   """Tensor (model) parallelism: heads, mlp and vocab axes split (Megatron style)."""
+  expert: int = 1
+  """Expert parallelism: batch rows split, and a Mixture-of-Experts model's experts (its
+  num_experts must be a multiple of this)."""
 
   def __post_init__(self):
     for name, size in zip(MESH_AXES, self.sizes):
@@ -68,12 +80,13 @@ class MeshConfig:
                         "the remaining devices")
 
   @property
-  def sizes(self) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) as written, possibly with a -1."""
-    return (self.data, self.fsdp, self.tensor)
+  def sizes(self) -> tuple[int, int, int, int]:
+    """(data, fsdp, expert, tensor) as written (MESH_AXES order), possibly with a -1."""
+    return (self.data, self.fsdp, self.expert, self.tensor)
 
-  def resolve(self, num_devices: int | None = None) -> tuple[int, int, int]:
-    """Concrete (data, fsdp, tensor) sizes for num_devices (default: jax.device_count()).
+  def resolve(self, num_devices: int | None = None) -> tuple[int, int, int, int]:
+    """Concrete (data, fsdp, expert, tensor) sizes for num_devices (default:
+    jax.device_count()).
 
     Raises ValueError naming the sizes and the device count when they do not fit.
     """
@@ -95,7 +108,7 @@ class MeshConfig:
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None,
               num_slices: int = 1) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over all devices (or the given ones).
+  """A ('data', 'fsdp', 'expert', 'tensor') mesh over all devices (or the given ones).
 
   Axes are AxisType.Auto (GSPMD): jax.make_mesh defaults to Explicit axes, under which linen's
   logical constraints assert shardings instead of requesting them. jax.make_mesh also orders
@@ -109,12 +122,12 @@ def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None,
   if num_slices == 1:
     return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
   if sizes[0] % num_slices:
-    raise ConfigError(f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} over "
-                      f"{num_slices} slices: the data axis spans the slices, so it must be a "
-                      f"multiple of {num_slices}")
+    named = " x ".join(f"{a}={n}" for a, n in zip(MESH_AXES, sizes))
+    raise ConfigError(f"mesh {named} over {num_slices} slices: the data axis spans the "
+                      f"slices, so it must be a multiple of {num_slices}")
   from jax.experimental import mesh_utils
   grid = mesh_utils.create_hybrid_device_mesh(
-      (sizes[0] // num_slices, *sizes[1:]), (num_slices, 1, 1),
+      (sizes[0] // num_slices, *sizes[1:]), (num_slices,) + (1,) * (len(sizes) - 1),
       devices=devices if devices is not None else jax.devices())
   return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
@@ -126,7 +139,9 @@ def logical_axis_rules(fsdp: bool = False) -> LogicalRules:
   and `batch` must claim 'fsdp' before `embed` can (see the module docstring).
   """
   return [
+      ("expert", "expert"),  # first: a dispatched array's experts take the 'expert' axis
       ("batch", BATCH_AXES),
+      ("batch", ("data", "fsdp")),  # ... and its batch dimension what is left
       ("vocab", "tensor"),
       ("mlp", "tensor"),
       ("heads", "tensor"),
@@ -183,6 +198,13 @@ def param_shardings(model_config: ModelConfig | Family, mesh: Mesh, rules: Logic
   easier to act on than XLA's message about one array.
   """
   family = model_config if isinstance(model_config, Family) else family_of(model_config)
+  moe = family.config.moe
+  experts_axis = dict(mesh.shape).get("expert", 1)
+  if moe is not None and moe.num_experts % experts_axis:
+    raise ConfigError(f"MoeConfig.num_experts={moe.num_experts} does not divide over the mesh's "
+                      f"expert axis of {experts_axis} devices (MeshConfig.expert="
+                      f"{experts_axis}): make num_experts a multiple of it, or the axis a "
+                      "divisor of num_experts")
   logical_tree = family.param_logical_axes()
   shardings = nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
   logical = jax.tree_util.tree_leaves(logical_tree, is_leaf=lambda x: isinstance(x, P))
@@ -242,7 +264,7 @@ def state_shardings(abstract_state: Tree, state_axes: Tree, mesh: Mesh,
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) axis split over ('data', 'fsdp'); other axes whole."""
+  """Leading (batch) axis split over ('data', 'fsdp', 'expert'); other axes whole."""
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
@@ -257,7 +279,8 @@ def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
     options = [n for n in (lower, lower + shards) if n > 0]
     raise ConfigError(
         f"global batch size {global_batch_size} does not divide evenly over the {shards} batch "
-        f"shards of mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} (over "
+        f"shards of mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']} x "
+        f"expert={mesh.shape['expert']} (over "
         f"{mesh.size} devices in {jax.process_count()} process(es)); use a multiple of {shards}, "
         f"e.g. BATCH_SIZE={' or '.join(map(str, options))}")
 
@@ -311,7 +334,7 @@ def _local_batch_shards(mesh: Mesh) -> int:
 
 
 def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """This process's rows of a batch -> global jax.Arrays split over ('data', 'fsdp').
+  """This process's rows of a batch -> global jax.Arrays split over the BATCH_AXES.
 
   Every process passes its own, equally sized slice of the global batch (single process: the
   whole batch); the global batch is their concatenation, in the order of the processes' batch
@@ -329,6 +352,7 @@ def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax
       raise ConfigError(
           f"batch feature {key!r} has {value.shape[0]} local rows, which do not divide over the "
           f"{shards} batch shards of this process's devices (mesh data={mesh.shape['data']} x "
-          f"fsdp={mesh.shape['fsdp']}); use a per-process batch size divisible by {shards}")
+          f"fsdp={mesh.shape['fsdp']} x expert={mesh.shape['expert']}); use a per-process "
+          f"batch size divisible by {shards}")
     out[key] = jax.make_array_from_process_local_data(sharding, value)
   return out

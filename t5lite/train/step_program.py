@@ -64,7 +64,7 @@ class StepProgram:
 
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch the step takes: (BATCH_SIZE, length) int32 per converter feature,
-    split over ('data', 'fsdp') like part.global_batch places it."""
+    split over part.BATCH_AXES like part.global_batch places it."""
     return {key: jax.ShapeDtypeStruct((self.batch_size, length), BATCH_DTYPE,
                                       sharding=self.batch_sharding)
             for key, length in self.model_feature_lengths().items()}
