@@ -35,9 +35,12 @@ def test_a_preset_names_its_topology_and_its_mesh_fills_it(path):
   chip, _ = topologies.parse(topology)
   assert os.path.basename(path).endswith(f"_{chip.name}.gin")
   config = gin_config.train_config()
-  data, fsdp, tensor = config.mesh.resolve(topologies.chips_in(topology))
-  assert data * fsdp * tensor == topologies.chips_in(topology)
-  assert config.batch_size % (data * fsdp) == 0
+  data, fsdp, expert, tensor = config.mesh.resolve(topologies.chips_in(topology))
+  assert data * fsdp * expert * tensor == topologies.chips_in(topology)
+  assert config.batch_size % (data * fsdp * expert) == 0
+  model = gin_config.model_config()
+  if expert > 1:  # an expert axis splits a Mixture-of-Experts model's experts
+    assert model.moe is not None and model.moe.num_experts % expert == 0
   text = open(path).read()
   # The header quotes the command and the estimate it printed.
   assert f"t5lite compile --gin_file=gin/runs/pods/{os.path.basename(path)}" in text

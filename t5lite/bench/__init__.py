@@ -9,9 +9,15 @@ table and ends with one JSON line of its figures, including `ratio_vs_hf`.
   hf_t5_decode    the HF side of `decode`: a random PyTorch T5 and its `generate`
   peft            full finetuning vs LoRA vs prompt tuning: step time, trainable params,
                   optimizer-state bytes, and ROUGE on the embedded summarization task
+  recipes         ELECTRA vs BERT, a distilled student vs the same from scratch
+  moe             a dense T5 vs its Switch version at equal FLOPs per token
 """
 import os
+import shlex
 import shutil
+import subprocess
+import sys
+import time
 
 
 def fresh_out(out: str, overwrite: bool = False) -> None:
@@ -23,3 +29,11 @@ def fresh_out(out: str, overwrite: bool = False) -> None:
                             "--overwrite to replace this benchmark's earlier output")
     shutil.rmtree(out)
   os.makedirs(out, exist_ok=True)
+
+
+def run_t5lite(argv: list[str]) -> None:
+  """Runs `t5lite ARGV` in a subprocess (printed first, timed after); raises if it fails."""
+  print(f"\n$ t5lite {shlex.join(argv)}", flush=True)
+  started = time.time()
+  subprocess.run([sys.executable, "-m", "t5lite.cli", *argv], check=True)
+  print(f"  ({time.time() - started:.0f}s)", flush=True)

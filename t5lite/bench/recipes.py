@@ -33,12 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 
-from t5lite.bench import fresh_out, machine
+from t5lite.bench import fresh_out, machine, run_t5lite
 from t5lite.train.plot import read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
@@ -50,15 +48,8 @@ PARTS = ("electra", "distill")
 DISTILL_LEARNING_RATE = 1e-3  # a 4-layer post-LN BERT at stdlib_mlm.gin's 2e-3 collapses
 
 
-def _cli(argv: list[str]) -> None:
-  print(f"\n$ t5lite {shlex.join(argv)}", flush=True)
-  started = time.time()
-  subprocess.run([sys.executable, "-m", "t5lite.cli", *argv], check=True)
-  print(f"  ({time.time() - started:.0f}s)", flush=True)
-
-
 def _train(model_dir: str, gin_files: list[str], bindings: list[str]) -> None:
-  _cli(["train", *[f"--gin_file={f}" for f in gin_files], f"--gin.MODEL_DIR='{model_dir}'",
+  run_t5lite(["train", *[f"--gin_file={f}" for f in gin_files], f"--gin.MODEL_DIR='{model_dir}'",
         *[f"--gin.{b}" for b in bindings]])
 
 
@@ -98,7 +89,7 @@ def electra_vs_bert(out: str, steps: int, finetune_steps: int) -> dict:
     pretrain = os.path.join(out, f"{name}_pretrain")
     _train(pretrain, [ELECTRA_MODEL, run_file], overrides + _schedule(run_steps))
     exported = os.path.join(out, f"{name}_hf")
-    _cli(["export", "hf", "--checkpoint", pretrain, "--out", exported])
+    run_t5lite(["export", "hf", "--checkpoint", pretrain, "--out", exported])
     start = os.path.join(exported, "discriminator") if name == "electra" else exported
     finetune = os.path.join(out, f"{name}_finetune")
     _train(finetune, [ELECTRA_MODEL, "gin/runs/bert_finetune.gin"], MLM_ONLY + [
@@ -126,7 +117,7 @@ def distilled_vs_scratch(out: str, steps: int, teacher_layers: int,
   schedule = _schedule(steps) + [f"ScheduleConfig.value={DISTILL_LEARNING_RATE}"]
   _train(teacher, [model, run], [f"ModelConfig.num_encoder_layers={teacher_layers}"] + schedule)
   init = os.path.join(out, "student_init")
-  _cli(["export", "student", "--checkpoint", teacher, "--out", init, "--layers",
+  run_t5lite(["export", "student", "--checkpoint", teacher, "--out", init, "--layers",
         ",".join(map(str, student_layers)), "--keep_token_types", "--keep_pooler"])
   shape = [f"ModelConfig.num_encoder_layers={len(student_layers)}"]
   distilled = os.path.join(out, "student_distilled")
