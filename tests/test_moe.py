@@ -15,7 +15,7 @@ from t5lite.errors import ConfigError
 from t5lite.families import family_of
 from t5lite.models import moe_losses
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe import route
+from t5lite.models.moe import combine, dispatch, route
 from t5lite.models.moe_config import MoeConfig
 
 SWITCH_CONFIGS = {  # odd shapes; capacity 3 overflows at these lengths
@@ -55,9 +55,18 @@ def test_routing_equals_the_loop_rule(top_k, capacity):
   logits = np.random.default_rng(top_k * 10 + capacity).standard_normal((3, 11, 5)) * 2
   routing = route(jnp.asarray(logits, jnp.float32), top_k, capacity)
   expected = numpy_route(logits, top_k, capacity)
-  np.testing.assert_allclose(np.asarray(routing.combine), expected, rtol=1e-6, atol=1e-7)
-  np.testing.assert_array_equal(np.asarray(routing.dispatch), expected > 0)
+  slots = 5 * capacity  # each choice's slot (e * C + c; 5 * C: dropped) as a dense weight
+  held = np.eye(slots + 1)[np.asarray(routing.position)][..., :slots]  # (B, L, k, slots)
+  dense = np.einsum("blks,blk->bls", held, np.asarray(routing.gates)).reshape(expected.shape)
+  np.testing.assert_allclose(dense, expected, rtol=1e-6, atol=1e-7)
   assert float(routing.kept) == (expected > 0).sum()
+  # Dispatch and combine move rows: a slot holds its token, a token sums its slots by gate.
+  x = jnp.asarray(np.random.default_rng(top_k).standard_normal((3, 11, 4)), jnp.float32)
+  slotted = dispatch(x, routing.position, slots)
+  np.testing.assert_allclose(slotted, np.einsum("bls,bld->bsd", held.sum(2), x), atol=1e-6)
+  np.testing.assert_allclose(combine(slotted, routing),
+                             np.einsum("bls,bsd->bld", dense.reshape(3, 11, slots), slotted),
+                             rtol=1e-6, atol=1e-6)
   assert float(routing.load.sum()) == 3 * 11 * top_k
 
 
@@ -83,7 +92,8 @@ def test_switch_logits_router_losses_and_round_trip_equal_hf(name, tmp_path_fact
   model, path = hf_switch(name, tmp_path_factory)
   config, params = t5lite.load_hf(path)
   hf = SWITCH_CONFIGS[name]
-  assert config.moe.router_losses == "pooled" and config.moe.expert_capacity == hf["expert_capacity"]
+  assert config.moe.router_losses == "pooled"
+  assert config.moe.expert_capacity == hf["expert_capacity"]
   rng = np.random.default_rng(1)
   inputs = rng.integers(2, hf["vocab_size"], (3, 13))
   labels = rng.integers(2, hf["vocab_size"], (3, 9))

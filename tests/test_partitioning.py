@@ -72,7 +72,8 @@ def test_bad_sizes_give_a_clear_error():
   message = "mesh (2, 2, 1, 1) needs 4 devices, this host has 8"
   with pytest.raises(ValueError, match=re.escape(message)):
     make_mesh(MeshConfig(2, 2, 1))
-  with pytest.raises(ValueError, match=re.escape("mesh (2, 4, 1, 1) needs 8 devices, were given 4")):
+  with pytest.raises(ValueError,
+                     match=re.escape("mesh (2, 4, 1, 1) needs 8 devices, were given 4")):
     make_mesh(MeshConfig(2, 4, 1), devices=jax.devices()[:4])
   with pytest.raises(ValueError, match=re.escape("mesh (3, -1, 1, 1) cannot fill")):
     MeshConfig(3, -1, 1).resolve()

@@ -140,5 +140,6 @@ def main(argv: list[str]) -> int:
           f"{r['tokens_per_s'] or 0:9.0f}")
   curves = {n: result[n].pop("train_curve") for n in ("dense", "switch")}
   print(json.dumps({**result, "machine": machine.describe()}))
-  result["dense"]["train_curve"], result["switch"]["train_curve"] = curves["dense"], curves["switch"]
+  for name, curve in curves.items():
+    result[name]["train_curve"] = curve
   return 0

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 from t5lite.bench import fresh_out, machine, run_t5lite

@@ -16,12 +16,11 @@ from typing import Mapping
 
 import numpy as np
 
-from t5lite.errors import ConfigError, ConfigKeyError
+from t5lite.errors import ConfigError
 from t5lite.export import hf_t5, limits
 from t5lite.export.hf_layout import Entry, HFLayout, refuse, register
 from t5lite.models.config import ModelConfig
 from t5lite.models.moe_config import MoeConfig
-from t5lite.models.transformer import CROSS_ATTENTION
 
 TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu_new", "gelu_exact": "gelu"}
 FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()}
@@ -149,13 +148,8 @@ class SwitchLayout(HFLayout):
     return config_to_hf(config)
 
   def config_from_hf(self, hf, tensors, **overrides) -> ModelConfig:
-    tied = True
+    tied = hf_t5.tied_lm_head(tensors, "Switch Transformers")
     if tensors is not None:
-      if "shared.weight" not in tensors:
-        raise ConfigKeyError("the checkpoint holds no 'shared.weight': not an HF Switch "
-                             "Transformers checkpoint")
-      lm_head = tensors.get("lm_head.weight")
-      tied = lm_head is None or np.array_equal(lm_head, tensors["shared.weight"])
       for stack in ("encoder", "decoder"):
         table = tensors.get(f"{stack}.embed_tokens.weight")
         if table is not None and not np.array_equal(table, tensors["shared.weight"]):

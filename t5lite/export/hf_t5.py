@@ -173,6 +173,17 @@ def weight_map(config: ModelConfig) -> list[Entry]:
   return entries
 
 
+def tied_lm_head(tensors: Mapping[str, np.ndarray] | None, model: str) -> bool:
+  """Whether the checkpoint's output projection is its shared embedding: no lm_head.weight,
+  or one equal to shared.weight (tensors None: config.json alone, taken as tied)."""
+  if tensors is None:
+    return True
+  if "shared.weight" not in tensors:
+    raise ConfigKeyError(f"the checkpoint holds no 'shared.weight': not an HF {model} checkpoint")
+  lm_head = tensors.get("lm_head.weight")
+  return lm_head is None or np.array_equal(lm_head, tensors["shared.weight"])
+
+
 @register
 class T5Layout(HFLayout):
   """T5 v1.0 / v1.1 / mT5 (`T5ForConditionalGeneration`)."""
@@ -183,13 +194,7 @@ class T5Layout(HFLayout):
     return config_to_hf(config)
 
   def config_from_hf(self, hf, tensors, **overrides) -> ModelConfig:
-    tied = True
-    if tensors is not None:
-      if "shared.weight" not in tensors:
-        raise ConfigKeyError("the checkpoint holds no 'shared.weight': not an HF T5 checkpoint")
-      lm_head = tensors.get("lm_head.weight")
-      tied = lm_head is None or np.array_equal(lm_head, tensors["shared.weight"])
-    return config_from_hf(hf, tied=tied, **overrides)
+    return config_from_hf(hf, tied=tied_lm_head(tensors, "T5"), **overrides)
 
   def weight_map(self, config: ModelConfig) -> list[Entry]:
     return weight_map(config)

@@ -6,8 +6,10 @@
     -> their outputs weighted by the router probabilities; a token no expert took gets 0 (the
        residual alone carries it)
 
-Dispatch and combine are one-hot einsums over (expert, capacity slot), T5X's formulation:
-with the expert kernels' leading `expert` axis on a mesh axis, GSPMD turns them into the
+Dispatch and combine are gathers of rows (each slot's token, each token's slots), not T5X's
+one-hot einsums over (token, expert, slot), which cost B x L x E x C x D multiply-adds each (on
+a CPU more than the experts themselves at small sizes). With the expert kernels' leading
+`expert` axis on a mesh axis, the reshard of the slots between two sharding constraints is the
 all-to-all of expert parallelism. The module sows, per sparse layer, its router logits, the
 number of token choices per expert and how many of them an expert took, into the `router`
 collection (t5lite.models.moe_losses turns those into the losses and metrics).
@@ -32,8 +34,8 @@ ROUTER = "router"
 
 
 class Routing(NamedTuple):
-  dispatch: jax.Array  # (B, L, E, C) bool: token -> (expert, slot)
-  combine: jax.Array  # (B, L, E, C) float32: dispatch times the router probability
+  position: jax.Array  # (B, L, k) int32: the slot e * C + c a choice holds; E * C: dropped
+  gates: jax.Array  # (B, L, k) float32: its router probability (0 when dropped)
   load: jax.Array  # (E,) float32: token choices per expert (before capacity)
   kept: jax.Array  # () float32: choices an expert took
 
@@ -63,13 +65,34 @@ def route(logits: jax.Array, top_k: int, capacity: int) -> Routing:
   by_priority = jnp.swapaxes(choice, 1, 2).reshape(batch, top_k * length, experts)
   slot = jnp.cumsum(by_priority, axis=1) * by_priority  # 1-based slot in the chosen expert
   slot = jnp.swapaxes(slot.reshape(batch, top_k, length, experts), 1, 2)  # (B, L, k, E)
-  kept = (slot > 0) & (slot <= capacity)
-  # one_hot of slot - 1: 0 (not chosen) and slots past capacity give all-zero rows.
-  slots = jax.nn.one_hot(jnp.where(kept, slot - 1, capacity), capacity, dtype=jnp.float32)
-  dispatch = jnp.sum(slots, axis=2)  # (B, L, E, C): a token holds at most one slot per expert
-  combine = jnp.sum(slots * gates[..., None, None], axis=2)
-  return Routing(dispatch > 0, combine, jnp.sum(choice, axis=(0, 1, 2)).astype(jnp.float32),
+  slot = jnp.sum(slot, axis=-1) - 1  # (B, L, k): 0-based slot in the chosen expert
+  kept = slot < capacity
+  position = jnp.where(kept, chosen * capacity + slot, experts * capacity)
+  return Routing(position.astype(jnp.int32), jnp.where(kept, gates, 0.0),
+                 jnp.sum(choice, axis=(0, 1, 2)).astype(jnp.float32),
                  jnp.sum(kept).astype(jnp.float32))
+
+
+def dispatch(x: jax.Array, position: jax.Array, slots: int) -> jax.Array:
+  """The tokens in their slots: (B, L, D) -> (B, slots, D), empty slots 0 (a gather of each
+  slot's token; positions >= slots are dropped choices)."""
+  batch, length, _ = x.shape
+  tokens = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[:, None], position.shape[1:])
+  # Which token each slot holds (length: none), one scatter per row; the extra slot takes
+  # the dropped choices.
+  holder = jax.vmap(lambda p: jnp.full((slots + 1,), length, jnp.int32)
+                    .at[p.reshape(-1)].set(tokens.reshape(-1)))(position)[:, :slots]
+  padded = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))  # row `length`: zeros
+  return jnp.take_along_axis(padded, holder[:, :, None], axis=1)
+
+
+def combine(slotted: jax.Array, routing: Routing) -> jax.Array:
+  """Each token's experts' outputs weighted by their gates: (B, slots, D) -> (B, L, D)."""
+  batch, length, top_k = routing.position.shape
+  padded = jnp.pad(slotted, ((0, 0), (0, 1), (0, 0)))  # the dropped choices read zeros
+  rows = jnp.take_along_axis(padded, routing.position.reshape(batch, -1)[:, :, None], axis=1)
+  rows = rows.reshape(batch, length, top_k, -1)
+  return jnp.einsum("blkd,blk->bld", rows, routing.gates.astype(rows.dtype))
 
 
 class RoutedMlp(nn.Module):
@@ -102,10 +125,12 @@ class RoutedMlp(nn.Module):
       return self.param(name, init, shape, cfg.storage_dtype).astype(cfg.compute_dtype)
 
     dtype = cfg.compute_dtype
-    # Dispatch where the tokens are (each device its rows, every expert), then move the
-    # experts' slots to the devices that hold the experts: the reshard between the two
+    slots = e * capacity
+    # Dispatch where the tokens are (each device its rows, every expert's slots), then move
+    # the slots to the devices that hold their experts: the reshard between the two
     # constraints is the all-to-all of expert parallelism (and its mirror after the experts).
-    expert_in = jnp.einsum("bld,blec->ebcd", x.astype(dtype), routing.dispatch.astype(dtype))
+    slotted = dispatch(x.astype(dtype), routing.position, slots)  # (B, E * C, D)
+    expert_in = jnp.swapaxes(slotted.reshape(x.shape[0], e, capacity, d), 0, 1)  # (E, B, C, D)
     expert_in = nn.with_logical_constraint(expert_in, (None, "batch", None, "embed"))
     expert_in = nn.with_logical_constraint(expert_in, ("expert", "batch", None, "embed"))
     act = ACTIVATION_FNS[cfg.mlp_activation]
@@ -124,6 +149,6 @@ class RoutedMlp(nn.Module):
     expert_out = nn.with_logical_constraint(expert_out, ("expert", "batch", None, "embed"))
     expert_out = nn.with_logical_constraint(expert_out, (None, "batch", None, "embed"))
     # HF scales the expert output by its router probability in the activation dtype.
-    y = jnp.einsum("ebcd,blec->bld", expert_out, routing.combine.astype(dtype))
+    y = combine(jnp.swapaxes(expert_out, 0, 1).reshape(x.shape[0], slots, d), routing)
     return y.astype(dtype)
 
