@@ -249,3 +249,23 @@ def test_flops_count_top_k_experts_and_the_router():
     mlp = 3 * 16 * 24  # gated: wi_0, wi_1, wo
     per_token = (top_k - 1) * mlp + 16 * 3
     assert extra == 6 * per_token * (10 + 6)
+
+
+def test_expert_dropout_and_jitter_act_in_training_only():
+  rng = np.random.default_rng(4)
+  batch = {"encoder_input_tokens": rng.integers(2, 53, (2, 9)),
+           "decoder_input_tokens": rng.integers(2, 53, (2, 4)),
+           "decoder_target_tokens": rng.integers(2, 53, (2, 4))}
+  batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
+  losses = {}
+  for name, settings in (("plain", {}), ("expert_dropout", dict(expert_dropout=0.5)),
+                         ("jitter", dict(jitter_noise=0.5))):
+    # Training's capacity factor as evaluation's, so that only dropout and jitter differ.
+    family = family_of(tiny(capacity_factor=2.0, **settings))
+    params = family_of(tiny()).init_params(5)
+    losses[name] = (float(family.loss_fn(params, batch, None)[0]),
+                    float(family.loss_fn(params, batch, jax.random.key(1))[0]))
+  assert losses["plain"][0] == losses["plain"][1]  # no dropout, no jitter: rng changes nothing
+  for name in ("expert_dropout", "jitter"):
+    assert losses[name][0] == losses["plain"][0]  # evaluation: neither applies
+    assert losses[name][1] != losses[name][0]  # training: it does
