@@ -147,8 +147,8 @@ def test_per_layer_losses_sum_each_sparse_layer_alone():
   family = family_of(config)
   _, routed = family.forward(params, batch)
   layers = moe_losses._layers(routed)
-  assert [(s, i) for s, i, _ in layers] == [("encoder", 0), ("encoder", 1), ("encoder", 2),
-                                            ("decoder", 0), ("decoder", 1)]
+  assert [(s, i) for _, s, i, _ in layers] == [("encoder", 0), ("encoder", 1), ("encoder", 2),
+                                               ("decoder", 0), ("decoder", 1)]
 
   def numpy_losses(logits):
     logits = np.asarray(logits, np.float64)
@@ -159,7 +159,7 @@ def test_per_layer_losses_sum_each_sparse_layer_alone():
     np.put_along_axis(routed, top, 1.0, axis=-1)
     return z, np.mean(routed.mean(1) * probs.mean(1)) * 3 ** 2
 
-  expected = np.sum([numpy_losses(v["logits"]) for _, _, v in layers], axis=0)
+  expected = np.sum([numpy_losses(v["logits"]) for _, _, _, v in layers], axis=0)
   _, sums = moe_losses.router_loss_sums(config, routed, jnp.float32(1.0))
   np.testing.assert_allclose([sums["router_z_loss"], sums["router_aux_loss"]], expected,
                              rtol=1e-5)
@@ -269,3 +269,82 @@ def test_expert_dropout_and_jitter_act_in_training_only():
   for name in ("expert_dropout", "jitter"):
     assert losses[name][0] == losses["plain"][0]  # evaluation: neither applies
     assert losses[name][1] != losses[name][0]  # training: it does
+
+
+def test_electra_pairs_and_distilled_students_train_their_routers(tmp_path):
+  """MoE is an option of every family: ELECTRA's generator and discriminator both route (the
+  router sums count both networks' choices), and a distilled MoE student adds its router
+  losses to the distillation loss (the frozen MoE teacher's routing adds nothing)."""
+  from helpers import tiny_decoder_only, tiny_encoder_only
+  from test_distillation import log_softmax, wrap, write_teacher
+  from t5lite.families.distillation import DistillationConfig
+  rng = np.random.default_rng(6)
+  moe = MoeConfig(num_experts=2, top_k=2, encoder_sparse_step=1)
+  electra = tiny_encoder_only(family="electra", replaced_token_detection=True,
+                              generator_hidden_fraction=0.5, moe=moe)
+  tokens = rng.integers(3, 60, (2, 10)).astype(np.int32)
+  weights = (rng.random((2, 10)) < 0.3).astype(np.float32)
+  batch = {"encoder_input_tokens": tokens, "encoder_segment_ids": np.ones_like(tokens),
+           "mlm_target_tokens": tokens, "mlm_loss_weights": weights}
+  family = family_of(electra)
+  _, sums = family.loss_fn(family.init_params(0), batch, jax.random.key(0))
+  layers = electra.num_encoder_layers
+  assert float(sums["router_choices"]) == 2 * 10 * 2 * (layers + layers)  # B x L x k x both
+
+  student_config = tiny_decoder_only(num_decoder_layers=1, moe=moe)
+  teacher_config = tiny_decoder_only(num_decoder_layers=2, moe=moe)
+  teacher = write_teacher(tmp_path / "teacher", teacher_config)
+  student = wrap(student_config, DistillationConfig(teacher=str(tmp_path / "teacher"),
+                                                    temperature=3.0, soft_weight=1.0))
+  params = student.init_params(1)
+  targets = rng.integers(3, 60, (2, 9)).astype(np.int32)
+  decoder_inputs = np.concatenate([np.zeros((2, 1), np.int32), targets[:, :-1]], 1)
+  batch = dict(decoder_input_tokens=decoder_inputs, decoder_target_tokens=targets,
+               decoder_loss_weights=np.ones((2, 9), np.float32),
+               decoder_segment_ids=np.ones((2, 9), np.int32))
+  loss_sum, sums = student.loss_fn(params, batch, None, fixed_params=teacher)
+  s = t5lite.logits(student_config, params, decoder_inputs)
+  t = t5lite.logits(teacher_config, teacher, decoder_inputs)
+  kl = 9 * (np.exp(log_softmax(t / 3)) * (log_softmax(t / 3) - log_softmax(s / 3))).sum(-1).mean()
+  n = float(sums["normalizer"])
+  router = (moe.aux_loss_coef * float(sums["router_aux_loss"])
+            + moe.z_loss_coef * float(sums["router_z_loss"])) / n
+  assert float(sums["router_choices"]) == 2 * 9 * 2 * 1  # the student's one sparse layer
+  assert float(loss_sum) / n == pytest.approx(kl + router, rel=1e-4)
+
+
+def test_greedy_decoding_of_an_imported_switch_model_equals_hf_generate(tmp_path_factory):
+  """Incremental decoding routes one token at a time (its own capacity): HF does the same.
+  (Equal stack depths: transformers 5.24's Switch generate fails with more decoder layers.)"""
+  torch.manual_seed(0)
+  config = transformers.SwitchTransformersConfig(
+      dropout_rate=0.0, router_jitter_noise=0.0, decoder_start_token_id=0,
+      **{**SWITCH_CONFIGS["steps_3_2"], "num_decoder_layers": 3})
+  model = transformers.SwitchTransformersForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      p.copy_(torch.randn_like(p) * 0.5)
+  path = tmp_path_factory.mktemp("generate")
+  model.save_pretrained(path)
+  ours_config, params = t5lite.load_hf(path)
+  inputs = np.random.default_rng(0).integers(2, 97, (3, 13))
+  ours = t5lite.generate(ours_config, params, inputs, max_decode_length=8)
+  with torch.no_grad():
+    hf = model.generate(torch.tensor(inputs), max_new_tokens=8, min_new_tokens=8,
+                        do_sample=False, num_beams=1, eos_token_id=None).numpy()[:, 1:]
+  for row, expected in zip(ours, hf):
+    end = list(expected).index(1) + 1 if 1 in expected else len(expected)  # through EOS
+    np.testing.assert_array_equal(row[:end], expected[:end])
+
+
+def test_rematerialized_sparse_layers_give_the_same_loss_and_router_sums():
+  rng = np.random.default_rng(7)
+  batch = {"encoder_input_tokens": rng.integers(2, 53, (2, 9)),
+           "decoder_input_tokens": rng.integers(2, 53, (2, 4)),
+           "decoder_target_tokens": rng.integers(2, 53, (2, 4))}
+  batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
+  params = family_of(tiny()).init_params(2)
+  plain = family_of(tiny()).loss_fn(params, batch, None)
+  remat = family_of(tiny().replace(remat_policy="full")).loss_fn(params, batch, None)
+  assert float(remat[0]) == pytest.approx(float(plain[0]), rel=1e-6)
+  assert float(remat[1]["router_choices"]) == float(plain[1]["router_choices"]) > 0

@@ -58,6 +58,7 @@ from t5lite.families.base import Family, token_loss_sums
 from t5lite.families.registry import family_of
 from t5lite.models.attention import INTERMEDIATES, MASK_VALUE
 from t5lite.models.config import ModelConfig
+from t5lite.models.moe import ROUTER
 
 Tree = Any
 PROJECTION = "distillation"
@@ -242,8 +243,8 @@ class Distillation(Family):
     o = self.options
     student = student_params(params)
     # One pass of each network: the student's logits give the hard and the soft loss.
-    s_logits, s_states = _run(self.student, student, batch, rng, o.intermediate)
-    t_logits, t_states = jax.lax.stop_gradient(
+    s_logits, s_states, s_routed = _run(self.student, student, batch, rng, o.intermediate)
+    t_logits, t_states, _ = jax.lax.stop_gradient(
         _run(self.teacher, fixed_params, batch, None, o.intermediate))
     hard_sum, sums = self._hard_loss(s_logits, batch)
     terms = {}
@@ -258,7 +259,9 @@ class Distillation(Family):
       weight = getattr(o, f"{name}_weight")
       loss_sum = loss_sum + weight * normalizer * total / jnp.maximum(count, 1.0)
       sums = dict(sums, **{f"distill_{name}": total, f"distill_{name}_count": count})
-    return loss_sum, dict(sums, distill_hard=hard_sum)
+    # A Mixture-of-Experts student trains its routers too (the teacher's are frozen).
+    return self.student.with_router_losses(loss_sum, dict(sums, distill_hard=hard_sum),
+                                           s_routed)
 
   def _hard_loss(self, logits, batch):
     """The student's own loss from its logits: a head's (t5lite.families.heads), else the
@@ -344,20 +347,21 @@ def _fit(fit_params, x):
 
 
 def _run(family: Family, params, batch, rng, intermediates: bool):
-  """(outputs, sown intermediates or {}) of a family's network on a batch; rng None: no
-  dropout. The hidden states and attention scores are kept only when asked for."""
+  """(outputs, sown intermediates or {}, router sows or None) of a family's network on a
+  batch; rng None: no dropout. The hidden states and attention scores are kept only when
+  asked for; a Mixture-of-Experts network's routing always (its router losses)."""
   config = family.config
-  dropout = rng is not None and config.uses_dropout
+  dropout = rng is not None and (config.uses_dropout or bool(config.moe))  # MoE: jitter
   model = family.make_model(enable_dropout=dropout)
   rngs = {"dropout": rng} if dropout else None
   inputs = family.model_inputs(batch)
-  if intermediates:
-    out, state = model.apply({"params": params}, **inputs, rngs=rngs, mutable=[INTERMEDIATES])
-    state = state[INTERMEDIATES]
+  mutable = [INTERMEDIATES] * intermediates + [ROUTER] * bool(config.moe)
+  if mutable:
+    out, state = model.apply({"params": params}, **inputs, rngs=rngs, mutable=mutable)
   else:
     out, state = model.apply({"params": params}, **inputs, rngs=rngs), {}
   out = out[0] if isinstance(out, tuple) else out  # GPT-1's (classes, LM logits)
-  return out, state
+  return out, state.get(INTERMEDIATES, {}), (state.get(ROUTER, {}) if config.moe else None)
 
 
 def layers_of(stack: Tree, config: ModelConfig, name: str) -> list[jax.Array]:

@@ -37,11 +37,12 @@ from flax import traverse_util
 
 from t5lite.data import pretraining
 from t5lite.errors import ConfigError
-from t5lite.families.base import attention_params, mlp_params, token_loss_sums
+from t5lite.families.base import attention_params, stack_mlp_params, token_loss_sums
 from t5lite.families.encoder_only import EncoderOnlyFamily, on_chosen
 from t5lite.families.landmarks import ArchitectureChecked
 from t5lite.families.registry import register
 from t5lite.models.config import ModelConfig
+from t5lite.models.moe import ROUTER
 from t5lite.models.network import EncoderOnly, make_model
 from t5lite.models.params import init_boxed
 
@@ -191,7 +192,8 @@ class ElectraFamily(ArchitectureChecked, EncoderOnlyFamily):
 
 def _stack_flops(config: ModelConfig, length: int, head_params: int) -> int:
   layers = config.num_encoder_layers * config.layer_repeats
-  weights = layers * (attention_params(config) + mlp_params(config)) + head_params
+  mlp = stack_mlp_params(config, "encoder", config.num_encoder_layers)  # MoE: never shared
+  weights = layers * attention_params(config) + config.layer_repeats * mlp + head_params
   return 6 * weights * length + 12 * config.num_heads * config.d_kv * layers * length ** 2
 
 
@@ -201,7 +203,10 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
   also samples the replacements."""
   config, options = family.config, family.loss
   gen_config = generator_config(config)
-  dropout = rng is not None and config.uses_dropout
+  # A training step (an rng) also turns on a Mixture-of-Experts router's jitter.
+  dropout = rng is not None and (config.uses_dropout or bool(config.moe))
+  mutable = [ROUTER] if config.moe else False  # both networks' sparse layers sow routing
+  routed = {}
   gen_rng, disc_rng, sample_rng = (jax.random.split(rng, 3) if rng is not None
                                    else (None, None, jax.random.key(0)))
   inputs = [batch.get(k) for k in EncoderOnly.INPUTS]
@@ -210,7 +215,10 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
   generator = make_model(gen_config, enable_dropout=dropout)
   gen_params = {"params": with_shared(params["generator"], params["discriminator"])}
   gen_rngs = {"dropout": gen_rng} if dropout else None
-  states = generator.apply(gen_params, *inputs, method="hidden_states", rngs=gen_rngs)
+  states = generator.apply(gen_params, *inputs, method="hidden_states", rngs=gen_rngs,
+                           mutable=mutable)
+  if config.moe:
+    states, routed["generator"] = states[0], states[1].get(ROUTER, {})
   original = jnp.where(weights > 0, targets, tokens)  # (B, L)
 
   def generator_at(pick, put):
@@ -227,7 +235,10 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
   replaced = (corrupted != original).astype(jnp.float32)
   discriminator = make_model(discriminator_config(config), enable_dropout=dropout)
   logits = discriminator.apply({"params": params["discriminator"]}, corrupted, *inputs[1:],
-                               rngs={"dropout": disc_rng} if dropout else None)  # (B, L)
+                               rngs={"dropout": disc_rng} if dropout else None,
+                               mutable=mutable)  # (B, L)
+  if config.moe:
+    logits, routed["discriminator"] = logits[0], logits[1].get(ROUTER, {})
   real = ((tokens > 0) if segment_ids is None else (segment_ids > 0)).astype(jnp.float32)
   disc_sum = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, replaced) * real)
   count = jnp.sum(real)
@@ -242,4 +253,5 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
               replaced_hits=jnp.sum(predicted * replaced),
               replaced_predicted=jnp.sum(predicted),
               replaced_actual=jnp.sum(replaced * real))
-  return loss_sum, sums
+  # Mixture-of-Experts: both networks' router losses, over the normalizer like the MLM's.
+  return family.with_router_losses(loss_sum, sums, routed if config.moe else None)

@@ -27,17 +27,20 @@ from t5lite.models.config import ModelConfig
 from t5lite.models.moe import top_k_experts
 
 
-def _layers(router_state: Mapping) -> list[tuple[str, int, dict]]:
-  """(stack, layer index, {'logits', 'load', 'kept'}) of each sparse layer, in order."""
+def _layers(router_state: Mapping) -> list[tuple[tuple, str, int, dict]]:
+  """(network, stack, layer index, {'logits', 'load', 'kept'}) of each sparse layer, encoder
+  before decoder. network: the path above the stack (() for one network; ELECTRA's
+  ('generator',) and ('discriminator',))."""
   flat = traverse_util.flatten_dict(dict(router_state))
   layers: dict[tuple, dict] = {}
   for path, value in flat.items():
     *where, name = path
-    layer = next(p for p in where if p.startswith("layers_"))
-    stack = where[0]
-    layers.setdefault((stack, int(layer.split("_")[1])), {})[name] = value[0]  # sow: a tuple
-  order = sorted(layers, key=lambda key: (key[0] != "encoder", key))  # the encoder first
-  return [(stack, i, layers[(stack, i)]) for stack, i in order]
+    at = next(i for i, p in enumerate(where) if p.startswith("layers_"))
+    network, stack = tuple(where[:at - 1]), where[at - 1]
+    key = (network, stack != "encoder", stack, int(where[at].split("_")[1]))
+    layers.setdefault(key, {})[name] = value[0]  # sow keeps a tuple
+  return [(network, stack, i, layers[(network, late, stack, i)])
+          for network, late, stack, i in sorted(layers)]
 
 
 def z_loss(logits: jax.Array) -> jax.Array:
@@ -63,17 +66,18 @@ def router_loss_sums(config: ModelConfig, router_state: Mapping, weight: jax.Arr
   layers = _layers(router_state)
   if moe.router_losses == "pooled":
     groups = []
-    for stack in ("encoder", "decoder"):
-      logits = [v["logits"] for s, _, v in layers if s == stack]
-      if logits and moe.sparse_step(stack) > 1:
-        groups.append(jnp.concatenate(logits, axis=1))
+    for network in dict.fromkeys(n for n, _, _, _ in layers):
+      for stack in ("encoder", "decoder"):
+        logits = [v["logits"] for n, s, _, v in layers if (n, s) == (network, stack)]
+        if logits and moe.sparse_step(stack) > 1:
+          groups.append(jnp.concatenate(logits, axis=1))
   else:
-    groups = [v["logits"] for _, _, v in layers]
+    groups = [v["logits"] for _, _, _, v in layers]
   z = sum((z_loss(g) for g in groups), jnp.zeros((), jnp.float32))
   aux = sum((load_balancing_loss(g, moe.top_k) for g in groups), jnp.zeros((), jnp.float32))
-  load = sum(v["load"] for _, _, v in layers)  # (E,) token choices per expert
+  load = sum(v["load"] for _, _, _, v in layers)  # (E,) token choices per expert
   choices = jnp.sum(load)
-  kept = sum(v["kept"] for _, _, v in layers)
+  kept = sum(v["kept"] for _, _, _, v in layers)
   sums = {"router_z_loss": z * weight, "router_aux_loss": aux * weight,
           "router_choices": choices, "router_kept": kept,
           **{f"expert_load_{e}": load[e] for e in range(moe.num_experts)}}
