@@ -348,3 +348,14 @@ def test_rematerialized_sparse_layers_give_the_same_loss_and_router_sums():
   remat = family_of(tiny().replace(remat_policy="full")).loss_fn(params, batch, None)
   assert float(remat[0]) == pytest.approx(float(plain[0]), rel=1e-6)
   assert float(remat[1]["router_choices"]) == float(plain[1]["router_choices"]) > 0
+
+
+def test_the_router_runs_in_float32_in_a_bfloat16_model():
+  config = tiny().replace(dtype="bfloat16")
+  family = family_of(config)
+  batch = {"encoder_input_tokens": jnp.ones((2, 6), jnp.int32),
+           "decoder_input_tokens": jnp.ones((2, 3), jnp.int32)}
+  out, routed = family.forward(family.init_params(0), batch)
+  assert out.dtype == jnp.float32  # logits
+  for _, _, _, values in moe_losses._layers(routed):
+    assert values["logits"].dtype == jnp.float32
