@@ -70,7 +70,7 @@ def _hand_param_bytes(model_config, tensor: int) -> int:
 def test_params_bytes_per_device_are_the_hand_computed_shards(v5e_report):
   r = v5e_report
   assert (r["topology"], r["devices"], r["chip"]) == ("v5e:2x2", 4, "v5e")
-  assert r["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+  assert r["mesh"] == {"data": 2, "fsdp": 1, "expert": 1, "tensor": 2}
   hand = _hand_param_bytes(MODEL, tensor=2)
   assert r["params_bytes_per_device"] == hand
   # A quarter of the params is not a model split 2 ways: the check has teeth.
@@ -187,7 +187,7 @@ def test_cuda_lowers_the_train_step_without_libtpu(capsys, monkeypatch, tmp_path
   assert code == 0, err
   report = json.loads(out.strip().splitlines()[-1])
   assert report["lowered"] is True and report["compiled"] is False
-  assert report["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+  assert report["mesh"] == {"data": 2, "fsdp": 1, "expert": 1, "tensor": 2}
   assert "lowered for CUDA only" in out
   text = (tmp_path / "train_step.cuda.stablehlo.txt").read_text()
   assert "mhlo.num_partitions = 4" in text
@@ -309,7 +309,7 @@ def test_every_generation_compiles_with_its_chip_figures(topology, hbm_gib, peak
   """v5e is compiled above; the other generations' smallest slices (megacore v4 / v5p: one
   device per chip) with their HBM and peak in the estimate."""
   r = aot_compile.compile_for_tpu(tiny(), _config(mesh=part.MeshConfig(data=4)), topology)
-  assert r["devices"] == 4 and r["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert r["devices"] == 4 and r["mesh"] == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1}
   assert r["hbm_bytes"] == hbm_gib * 1024**3 and r["peak_flops_per_chip"] == peak
   assert r["fits"] is True and r["optimal_seconds"] > 0
   assert r["estimated_mfu"] == pytest.approx(

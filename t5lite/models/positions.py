@@ -81,7 +81,8 @@ def add_position_bias(bias: jax.Array, position_bias: jax.Array) -> jax.Array:
   platforms (and TPU programs compiled on a CPU host) keep the plain reduction, which a
   sharded batch turns into a local sum and one all-reduce."""
   rows = bias.shape[0]
-  if position_bias.shape[0] == 1 and rows > 1:
+  # A symbolic batch (jax.export's serving programs: no gradients) keeps the plain sum.
+  if position_bias.shape[0] == 1 and isinstance(rows, int) and rows > 1:
     position_bias = _shared_rows(position_bias, rows)
   return bias + position_bias
 
