@@ -60,10 +60,6 @@ def concat_and_split(length_fn):
   return apply
 
 
-def _has_tokens(ex) -> bool:
-  return len(ex["targets"]) > 0
-
-
 def _with_eos(tokens: np.ndarray, eos_id: int) -> np.ndarray:
   """EOS after the last axis: [[5 6]] -> [[5 6 1]] (eos_id 1, T5's)."""
   eos = np.full(tokens.shape[:-1] + (1,), eos_id, np.int32)
