@@ -145,7 +145,7 @@ def test_per_layer_losses_sum_each_sparse_layer_alone():
            "decoder_target_tokens": rng.integers(2, 53, (2, 6))}
   batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
   family = family_of(config)
-  _, routed = family.forward(params, batch)
+  _, routed = jax.jit(family.forward)(params, batch)
   layers = moe_losses._layers(routed)
   assert [(s, i) for _, s, i, _ in layers] == [("encoder", 0), ("encoder", 1), ("encoder", 2),
                                                ("decoder", 0), ("decoder", 1)]
@@ -178,14 +178,14 @@ def test_a_training_step_reports_the_router_figures():
            "decoder_target_tokens": rng.integers(2, 53, (2, 5)),
            "decoder_loss_weights": np.ones((2, 5))}
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  loss, sums = family.loss_fn(params, batch, jax.random.key(0))
+  loss, sums = jax.jit(family.loss_fn)(params, batch, jax.random.key(0))
   metrics = family.metrics(sums, sums["normalizer"])
   loads = [float(metrics[f"expert_load_{e}"]) for e in range(3)]
   assert abs(sum(loads) - 1.0) < 1e-6
   # capacity factor 0.5: ceil(0.5 * 12 / 3) = 2 slots of 3 experts for 12 encoder tokens.
   assert float(metrics["dropped_fraction"]) > 0.3
   assert float(metrics["router_z_loss"]) > 0 and float(metrics["router_aux_loss"]) >= 1.0 - 1e-6
-  grads = jax.grad(lambda p: family.loss_fn(p, batch, jax.random.key(0))[0])(params)
+  grads = jax.jit(jax.grad(lambda p: family.loss_fn(p, batch, jax.random.key(0))[0]))(params)
   router_grad = grads["encoder"]["layers_1"]["mlp"]["router"]
   assert float(jnp.abs(router_grad).sum()) > 0  # the router learns from the losses
 
@@ -263,8 +263,9 @@ def test_expert_dropout_and_jitter_act_in_training_only():
     # Training's capacity factor as evaluation's, so that only dropout and jitter differ.
     family = family_of(tiny(capacity_factor=2.0, **settings))
     params = family_of(tiny()).init_params(5)
-    losses[name] = (float(family.loss_fn(params, batch, None)[0]),
-                    float(family.loss_fn(params, batch, jax.random.key(1))[0]))
+    loss = jax.jit(lambda p, r, f=family: f.loss_fn(p, batch, r)[0])
+    losses[name] = (float(jax.jit(lambda p, f=family: f.loss_fn(p, batch, None)[0])(params)),
+                    float(loss(params, jax.random.key(1))))
   assert losses["plain"][0] == losses["plain"][1]  # no dropout, no jitter: rng changes nothing
   for name in ("expert_dropout", "jitter"):
     assert losses[name][0] == losses["plain"][0]  # evaluation: neither applies
@@ -287,7 +288,7 @@ def test_electra_pairs_and_distilled_students_train_their_routers(tmp_path):
   batch = {"encoder_input_tokens": tokens, "encoder_segment_ids": np.ones_like(tokens),
            "mlm_target_tokens": tokens, "mlm_loss_weights": weights}
   family = family_of(electra)
-  _, sums = family.loss_fn(family.init_params(0), batch, jax.random.key(0))
+  _, sums = jax.jit(family.loss_fn)(family.init_params(0), batch, jax.random.key(0))
   layers = electra.num_encoder_layers
   assert float(sums["router_choices"]) == 2 * 10 * 2 * (layers + layers)  # B x L x k x both
 
@@ -302,7 +303,8 @@ def test_electra_pairs_and_distilled_students_train_their_routers(tmp_path):
   batch = dict(decoder_input_tokens=decoder_inputs, decoder_target_tokens=targets,
                decoder_loss_weights=np.ones((2, 9), np.float32),
                decoder_segment_ids=np.ones((2, 9), np.int32))
-  loss_sum, sums = student.loss_fn(params, batch, None, fixed_params=teacher)
+  loss_sum, sums = jax.jit(lambda p, t: student.loss_fn(p, batch, None, fixed_params=t))(
+      params, teacher)
   s = t5lite.logits(student_config, params, decoder_inputs)
   t = t5lite.logits(teacher_config, teacher, decoder_inputs)
   kl = 9 * (np.exp(log_softmax(t / 3)) * (log_softmax(t / 3) - log_softmax(s / 3))).sum(-1).mean()
@@ -344,8 +346,9 @@ def test_rematerialized_sparse_layers_give_the_same_loss_and_router_sums():
            "decoder_target_tokens": rng.integers(2, 53, (2, 4))}
   batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
   params = family_of(tiny()).init_params(2)
-  plain = family_of(tiny()).loss_fn(params, batch, None)
-  remat = family_of(tiny().replace(remat_policy="full")).loss_fn(params, batch, None)
+  plain = jax.jit(lambda p: family_of(tiny()).loss_fn(p, batch, None))(params)
+  remat = jax.jit(lambda p: family_of(tiny().replace(remat_policy="full")).loss_fn(
+      p, batch, None))(params)
   assert float(remat[0]) == pytest.approx(float(plain[0]), rel=1e-6)
   assert float(remat[1]["router_choices"]) == float(plain[1]["router_choices"]) > 0
 
@@ -355,7 +358,7 @@ def test_the_router_runs_in_float32_in_a_bfloat16_model():
   family = family_of(config)
   batch = {"encoder_input_tokens": jnp.ones((2, 6), jnp.int32),
            "decoder_input_tokens": jnp.ones((2, 3), jnp.int32)}
-  out, routed = family.forward(family.init_params(0), batch)
+  out, routed = jax.jit(family.forward)(family.init_params(0), batch)
   assert out.dtype == jnp.float32  # logits
   for _, _, _, values in moe_losses._layers(routed):
     assert values["logits"].dtype == jnp.float32
