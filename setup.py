@@ -14,10 +14,16 @@ setup(
     python_requires=">=3.11",
     # The repo's top-level tasks/ folder installs as `t5lite_tasks`: PyPI has an unrelated
     # `tasks` package, and neither may shadow the other (README: "The tasks package").
-    packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite_tasks"],
-    package_dir={"t5lite_tasks": "tasks"},
-    # `t5lite launch` renders and submits these; the docs page sits beside them.
-    package_data={"t5lite.launch": ["recipes/*", "README.md"]},
+    # The top-level gin/ folder (model and run configs) installs as t5lite/gin, so the configs
+    # the docs show work after a plain `pip install .` from any directory (t5lite.cli.gin_config
+    # looks there first, then beside the package in a checkout).
+    packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite_tasks", "t5lite.gin"],
+    package_dir={"t5lite_tasks": "tasks", "t5lite.gin": "gin"},
+    package_data={
+        # `t5lite launch` renders and submits these; the docs page sits beside them.
+        "t5lite.launch": ["recipes/*", "README.md"],
+        "t5lite.gin": ["**/*.gin"],
+    },
     install_requires=[
         "jax>=0.10.0",
         "flax>=0.12.0",
@@ -28,7 +34,7 @@ setup(
         "grain>=0.2.18",
         "tensorflow-datasets>=4.9.10",
         "sentencepiece>=0.2.0",
-        # WordPiece / byte-level BPE vocabularies (t5lite/data/hf_vocabularies.py): 0.15.2,
+        # WordPiece / byte-level BPE vocabularies (t5lite/data/vocab/hf_vocabularies.py): 0.15.2,
         # 0.19.1, 0.20.0 and 0.23.3 train identical vocabularies and give identical ids.
         "tokenizers>=0.15.2",
         "gin-config>=0.5.0",

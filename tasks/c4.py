@@ -7,11 +7,11 @@ Both read C4's "text" field from one of three places, chosen when a split is fir
      export T5LITE_C4_JSON='/data/c4/en/c4-train.*-of-01024.json.gz'
    The validation split reads the same pattern with "c4-train" -> "c4-validation"; or write
    "{split}" in the pattern: '/data/c4/en/c4-{split}.*.json.gz'.
-2. TFDS tfrecord files converted once with t5lite.data.tfrecord.convert_tfrecord_to_array_record:
+2. TFDS tfrecord files converted once with t5lite.data.sources.tfrecord.convert_tfrecord_to_array_record:
      export T5LITE_C4_ARRAY_RECORD='/data/c4_ar/c4-train.array_record-*'   (same split rule)
 3. Otherwise the TFDS array_record dataset c4/en:3.1.0, in $T5LITE_TFDS_DATA_DIR or TFDS's
    default data_dir (a tfrecord build becomes readable with
-   t5lite.data.tfrecord.convert_tfds_dataset_to_array_record(".../c4/en/3.1.0")).
+   t5lite.data.sources.tfrecord.convert_tfds_dataset_to_array_record(".../c4/en/3.1.0")).
 
 Or pass the places as arguments to register your own variant:
   add_c4_task("my_c4_span_corruption", span_corruption_preprocessors(),
@@ -25,8 +25,8 @@ from typing import Sequence
 
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, Feature, add_task
-from t5lite.data.sources import JsonlSource, TfdsSource
-from t5lite.data.tfrecord import ArrayRecordSource
+from t5lite.data.sources.readers import JsonlSource, TfdsSource
+from t5lite.data.sources.tfrecord import ArrayRecordSource
 
 from . import vocab
 
@@ -80,7 +80,7 @@ def add_c4_task(name: str, objective: Sequence, output_features=None, splits=SPL
 def register(vocabulary=None) -> None:
   """Registers c4_span_corruption and c4_lm (at import, with T5's vocabulary)."""
   # The objectives read sequence_length and the vocabulary at pipeline time, not here.
-  from t5lite.data.pretraining import causal_lm_preprocessors, span_corruption_preprocessors
+  from t5lite.data.objectives.chains import causal_lm_preprocessors, span_corruption_preprocessors
   add_c4_task("c4_span_corruption", span_corruption_preprocessors(),
               vocab.default_output_features(vocabulary))
   lm_vocabulary = vocabulary if vocabulary is not None else vocab.default_vocabulary()

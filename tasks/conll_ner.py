@@ -1,7 +1,7 @@
 """CoNLL-2003 named entities for a BERT-style token-classification head (HF's run_ner).
 
 Each sentence's words become word pieces; the first piece of a word carries its IOB2 tag,
-the other pieces and [CLS] / [SEP] carry -100 (t5lite.data.head_features.encode_words;
+the other pieces and [CLS] / [SEP] carry -100 (t5lite.data.converters.head_features.encode_words;
 word pieces as BERT's uncased vocabulary has them):
 
   {"id": "0", "tokens": ["EU", "rejects", "German", "call"], "ner_tags": [3, 0, 7, 0]}
@@ -20,7 +20,7 @@ tasks/glue_heads.py (the embedded WordPiece; register_head_tasks for your own).
 """
 from __future__ import annotations
 
-from t5lite.data import head_features as hf
+from t5lite.data.converters import head_features as hf
 from t5lite.data.registry import CACHE_POINT, add_task
 from t5lite.eval import metrics
 

@@ -1,13 +1,13 @@
 """The embedded default tasks: the Python standard library's own prose, nothing downloaded.
 
-On first use, the docstrings and reference topics of t5lite.data.stdlib_corpus become a
+On first use, the docstrings and reference topics of t5lite.data.sources.stdlib_corpus become a
 local TFDS array_record dataset `t5lite_stdlib_docs` (train / validation, 1 in 20 documents
 held out by a hash of its name), and a SentencePiece vocabulary is trained on the train
 split and cached beside it (`spiece.model`). Both live in $T5LITE_DATA_DIR (default
 ~/.cache/t5lite/data), under the Python version, since docstrings change between versions.
 The GPT-2 and BERT tasks train their own vocabularies on the same train split, on first use
 of each, and cache them beside spiece.model as t5lite vocabulary folders
-(`byte_level_bpe_4000/`, `wordpiece_4000/`; `t5lite.data.vocabularies.load_vocabulary`
+(`byte_level_bpe_4000/`, `wordpiece_4000/`; `t5lite.data.vocab.vocabularies.load_vocabulary`
 reads them, and `t5lite export hf` writes them as HF tokenizer files).
 
   stdlib_span_corruption    T5 span corruption pretraining on every document
@@ -30,16 +30,16 @@ import hashlib
 import os
 import sys
 
-from t5lite.data import atomic
+from t5lite.util import atomic
 from t5lite.data import preprocessors as pp
-from t5lite.data.hf_vocabularies import train_byte_level_bpe, train_wordpiece
-from t5lite.data.pretraining import (causal_lm_preprocessors, mlm_preprocessors,
+from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.objectives.chains import (causal_lm_preprocessors, mlm_preprocessors,
                                      span_corruption_preprocessors)
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
-from t5lite.data.sources import TfdsSource, prepare_tfds_dataset
-from t5lite.data.tfds_source import is_prepared_dir
-from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.data.vocabularies import (SentencePieceVocabulary, Vocabulary, load_vocabulary as
+from t5lite.data.sources.readers import TfdsSource, prepare_tfds_dataset
+from t5lite.data.sources.tfds import is_prepared_dir
+from t5lite.data.sources.stdlib_corpus import stdlib_documents
+from t5lite.data.vocab.vocabularies import (SentencePieceVocabulary, Vocabulary, load_vocabulary as
                                       load_vocabulary_dir, train_sentencepiece)
 from t5lite.errors import ConfigError
 from t5lite.eval import metrics
@@ -82,7 +82,7 @@ def _is_validation(name: str) -> bool:
 def prepare() -> str:
   """Builds the dataset and vocabulary once (a no-op when present); returns data_dir().
 
-  Both are written under temporary names and renamed into place (t5lite.data.atomic), so a
+  Both are written under temporary names and renamed into place (t5lite.util.atomic), so a
   build killed halfway is rebuilt by the next call instead of breaking every later run."""
   directory = data_dir()
   with _lock(directory):
@@ -117,7 +117,7 @@ def _is_vocabulary(path: str) -> bool:
 
 def _prepared_vocabulary(name: str, train) -> Vocabulary:
   """The vocabulary folder `name` beside spiece.model, trained by train(texts) on the train
-  split once: built in a temporary folder and renamed into place (t5lite.data.atomic), so a
+  split once: built in a temporary folder and renamed into place (t5lite.util.atomic), so a
   build killed halfway is rebuilt by the next call, as spiece.model is."""
   directory = prepare()
   target = os.path.join(directory, name)
@@ -140,7 +140,7 @@ def load_mlm_vocabulary() -> Vocabulary:
 
 
 def _remove_leftovers(directory: str) -> None:
-  """Temporaries of killed builds: ours (t5lite.data.atomic), and the `incomplete.*` folders
+  """Temporaries of killed builds: ours (t5lite.util.atomic), and the `incomplete.*` folders
   that tfds left in the dataset folder when it built there directly (before this module
   built through atomic). Under the lock, no build of this dataset is running."""
   atomic.remove_stale(directory)

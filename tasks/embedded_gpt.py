@@ -2,7 +2,7 @@
 
   stdlib_sentence_pair_gpt1   stdlib_sentence_pair_head's pairs (is B the sentence after A
       in the same docstring, 1, or one from another module's, 0?) as
-      [START] A [DELIM] B [EXTRACT] (t5lite.data.gpt_inputs) in the embedded byte-level BPE
+      [START] A [DELIM] B [EXTRACT] (t5lite.data.converters.gpt_inputs) in the embedded byte-level BPE
       (stdlib_lm's) with the three tokens added (ids 4000, 4001, 4002); accuracy and F1.
 
 Train it with a decoder-only model with head='sequence_classification', num_labels=2 and
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 
-from t5lite.data import head_features as hf
-from t5lite.data.gpt_inputs import gpt1_inputs, gpt1_vocabulary
+from t5lite.data.converters import head_features as hf
+from t5lite.data.converters.gpt_inputs import gpt1_inputs, gpt1_vocabulary
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.eval import metrics
 

@@ -1,9 +1,9 @@
 """Embedded finetuning tasks for BERT-style heads: the stdlib corpus's sentences, labeled.
 
 A pretrain -> finetune demo needs a labeled task that ships with Python, as stdlib_mlm ships
-its pretraining text. Both tasks cut the docstrings of t5lite.data.stdlib_corpus into
+its pretraining text. Both tasks cut the docstrings of t5lite.data.sources.stdlib_corpus into
 sentences (paragraphs holding `>>>` examples are skipped; a sentence has 6 words or more)
-and are sequence_classification heads (t5lite.data.head_features):
+and are sequence_classification heads (t5lite.data.converters.head_features):
 
   stdlib_docstring_module_head  which of MODULES a sentence's docstring belongs to:
       {"text": "Return a logger with the specified name.", "label": 7, "idx": 3}
@@ -35,9 +35,9 @@ import re
 
 import numpy as np
 
-from t5lite.data import head_features as hf
+from t5lite.data.converters import head_features as hf
 from t5lite.data.registry import CACHE_POINT, add_task
-from t5lite.data.stdlib_corpus import stdlib_documents
+from t5lite.data.sources.stdlib_corpus import stdlib_documents
 from t5lite.eval import metrics
 
 from . import embedded

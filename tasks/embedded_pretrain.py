@@ -2,8 +2,8 @@
 
 All read the stdlib docstrings (t5lite_tasks.embedded: its sources, its WordPiece vocabulary
 of 4000 ids, [PAD] 0 [UNK] 1 [CLS] 2 [SEP] 3 [MASK] 4, nothing downloaded) and mask 15% of
-the non-special tokens with new masks every epoch (t5lite.data.masking); the sentence tasks
-split documents into sentences with pysbd (t5lite.data.sentence_pairs):
+the non-special tokens with new masks every epoch (t5lite.data.objectives.masking); the sentence tasks
+split documents into sentences with pysbd (t5lite.data.objectives.sentence_pairs):
 
   stdlib_bert_pretrain      BERT: `[CLS] A [SEP] B [SEP]` pairs, B the next sentences or (50%)
                             a random other document's (sentence_label 1), token-level
@@ -27,9 +27,9 @@ and span features on to the model (EncoderOnlyFeatureConverter).
 from __future__ import annotations
 
 from t5lite.data import preprocessors as pp
-from t5lite.data.masking import masked_lm_preprocessors, masking_step
+from t5lite.data.objectives.masking import masked_lm_preprocessors, masking_step
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
-from t5lite.data.sentence_pairs import (full_sentences_preprocessors,
+from t5lite.data.objectives.sentence_pairs import (full_sentences_preprocessors,
                                         sentence_pair_preprocessors, tokenize_sentences)
 from t5lite.families.electra import MASK_RATE, MASK_TOKEN_RATE
 

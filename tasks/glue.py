@@ -36,7 +36,7 @@ import numpy as np
 
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, add_mixture, add_task, rate_num_examples
-from t5lite.data.sources import JsonlSource, TfdsSource, TsvSource
+from t5lite.data.sources.readers import JsonlSource, TfdsSource, TsvSource
 from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 

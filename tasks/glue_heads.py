@@ -1,7 +1,7 @@
 """GLUE for BERT-style finetuning heads (HF's run_glue), from TFDS or local files.
 
 The nine GLUE tasks in head form: `[CLS] sentence1 [SEP] sentence2 [SEP]` with the class id
-(STS-B: the score) as `label`, no text targets (t5lite.data.head_features):
+(STS-B: the score) as `label`, no text targets (t5lite.data.converters.head_features):
 
   glue_mrpc_head: {"sentence1": "He left.", "sentence2": "He went.", "label": 1, "idx": 3}
     -> {"inputs": [CLS he left . SEP he went . SEP], "token_type_ids": [0 0 0 0 0 1 1 1 1],
@@ -24,7 +24,7 @@ the embedded ones) again with your own WordPiece, e.g. an imported BERT's:
 """
 from __future__ import annotations
 
-from t5lite.data import head_features as hf
+from t5lite.data.converters import head_features as hf
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """SQuAD v1.1 for a BERT-style question-answering head (HF's run_qa), from TFDS or local files.
 
 Each question becomes one example per window of its context, `[CLS] question [SEP] context
-window [SEP]`, windows overlapping by doc_stride tokens (t5lite.data.head_features), with the
+window [SEP]`, windows overlapping by doc_stride tokens (t5lite.data.converters.head_features), with the
 first answer's token span as start / end_position ([CLS], 0 and 0, in a window without it);
 word pieces as BERT's uncased vocabulary has them:
 
@@ -21,7 +21,7 @@ tasks/glue_heads.py (the embedded WordPiece; register_head_tasks for your own).
 """
 from __future__ import annotations
 
-from t5lite.data import head_features as hf
+from t5lite.data.converters import head_features as hf
 from t5lite.data.registry import CACHE_POINT, add_task
 from t5lite.eval import qa_postprocess as qa
 

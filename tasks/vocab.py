@@ -8,7 +8,7 @@ first time something encodes, decodes or asks its size. Point `T5LITE_VOCAB` at 
                                                        # (an HF checkpoint or a t5lite MODEL_DIR)
 
 A file gets T5's 100 extra ids (vocab_size 32100 for T5's 32000 pieces); a directory loads
-as `t5lite.data.vocabularies.load_vocabulary` reads it.
+as `t5lite.data.vocab.vocabularies.load_vocabulary` reads it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from t5lite.data.registry import Feature
-from t5lite.data.vocabularies import SentencePieceVocabulary, Vocabulary, load_vocabulary
+from t5lite.data.vocab.vocabularies import SentencePieceVocabulary, Vocabulary, load_vocabulary
 
 VOCAB_ENV = "T5LITE_VOCAB"
 EXTRA_IDS = 100
@@ -73,7 +73,7 @@ class LazyVocabulary(Vocabulary):
     return self.vocabulary.vocab_size - self.vocabulary.extra_ids
 
   # The special ids too: the class attributes inherited from Vocabulary are T5's, which a
-  # WordPiece or byte-level BPE vocabulary (t5lite.data.hf_vocabularies) does not share.
+  # WordPiece or byte-level BPE vocabulary (t5lite.data.vocab.hf_vocabularies) does not share.
   pad_id = property(lambda self: self.vocabulary.pad_id)
   eos_id = property(lambda self: self.vocabulary.eos_id)
   unk_id = property(lambda self: self.vocabulary.unk_id)

@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-  from t5lite import gin_config
+  from t5lite.cli import gin_config
   from t5lite.launch import distributed
   parser = argparse.ArgumentParser()
   for name in ("gin_file", "source", "target"):

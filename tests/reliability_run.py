@@ -13,7 +13,8 @@ import pytest
 
 from conftest import REPO
 from helpers import logged_losses, metrics_records
-from t5lite import cli, gin_config
+from t5lite import cli
+from t5lite.cli import gin_config
 from t5lite.runtime import checkpoints as ckpt_lib
 
 STEPS, PERIOD, KEEP = 20, 2, 2

@@ -14,11 +14,12 @@ import pytest
 
 from conftest import REPO
 from t5lite import cli
-from t5lite.data import atomic, describe, pipeline
-from t5lite.data.checks import MAX_FEATURE_LENGTH
-from t5lite.data.sources import JsonlSource, TsvSource
-from t5lite.data.tfds_source import is_prepared_dir
-from t5lite.data.vocabularies import SentencePieceVocabulary, load_vocabulary
+from t5lite.data import describe, pipeline
+from t5lite.util import atomic
+from t5lite.util.checks import MAX_FEATURE_LENGTH
+from t5lite.data.sources.readers import JsonlSource, TsvSource
+from t5lite.data.sources.tfds import is_prepared_dir
+from t5lite.data.vocab.vocabularies import SentencePieceVocabulary, load_vocabulary
 from t5lite.errors import ConfigError
 from t5lite.eval import run
 from t5lite.eval.evaluator import DecodeConfig
@@ -203,7 +204,7 @@ def test_max_decode_length_0_is_refused_and_none_is_the_default(capsys):
 
 @pytest.mark.parametrize("where", ["folder", "missing_folder", "under_a_file"])
 def test_a_bad_infer_output_exits_2_before_the_model_loads(where, tmp_path, monkeypatch, capsys):
-  from t5lite.data import vocabularies
+  from t5lite.data.vocab import vocabularies
   from t5lite.runtime import model_dir
 
   def never(*args, **kwargs):

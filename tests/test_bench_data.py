@@ -7,7 +7,7 @@ import pytest
 from t5lite.bench import data as bench
 from t5lite.bench import hf_t5_collator as hf
 from t5lite.data import describe
-from t5lite.data.corruption import span_corruption_lengths
+from t5lite.data.objectives.span_corruption import span_corruption_lengths
 
 VOCAB = 1_000_000  # test ids stay below 400_000; sentinels count down from 999_999
 FIELDS = ("t5lite_examples_per_s", "hf_examples_per_s", "ratio_vs_hf", "inputs_length",

@@ -22,7 +22,7 @@ from conftest import REPO
 from helpers import (assert_trees_equal, checkpoint_params, metrics_records, quiet, tiny,
                      train_config, tree_digest)
 from t5lite.data.registry import Feature, TaskRegistry, add_task
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 from t5lite.errors import ConfigError
 from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from t5lite.data.converters import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
+from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
                                     EncoderOnlyFeatureConverter, autoregressive_inputs,
                                     packing_efficiency)
 
@@ -329,7 +329,7 @@ def test_packs_the_rows_of_grains_best_fit(bins):
 def test_full_examples_open_their_own_row_without_a_search(monkeypatch):
   """Span corruption: inputs of exactly the inputs length fit no row holding inputs, so no
   search; an example with empty inputs may still join such a row (its targets fit)."""
-  from t5lite.data import packing
+  from t5lite.data.converters import packing
   searches = []
   best = packing._Bins._best
   monkeypatch.setattr(packing._Bins, "_best",

@@ -20,7 +20,7 @@ import train_tasks  # noqa: F401 (registers train_test_mlm)
 from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_config
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import params_only
+from t5lite.interop import params_only
 from t5lite.families import distillation_losses as dl
 from t5lite.families import family_of
 from t5lite.families.distillation import (DISTILBERT, PROJECTION, TINYBERT_GENERAL,

@@ -1,4 +1,4 @@
-"""ELECTRA (t5lite.families.electra, t5lite.export.hf_electra): HF parity of each network on
+"""ELECTRA (t5lite.families.electra, t5lite.interop.hf.electra): HF parity of each network on
 random odd-shaped models, the pair exported as two HF directories equal to the networks the
 loss runs, the loss and its metrics against a numpy re-derivation from HF's own outputs, no
 gradient through the generator's sample, sharded = one device, sizes and bad input.
@@ -17,7 +17,8 @@ import transformers
 import t5lite
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import hf, params_only
+from t5lite.interop.hf import checkpoints as hf
+from t5lite.interop import params_only
 from t5lite.families import family_of
 from t5lite.families.electra import generator_config, with_shared
 from t5lite.models import count_params
@@ -281,7 +282,7 @@ def test_a_sharded_pair_gives_the_one_device_loss():
 def test_published_sizes_give_hf_parameter_counts():
   """ELECTRA-small's discriminator and ELECTRA-base's generator, as gin/models/electra/
   size them, have the parameters of HF's models of those sizes."""
-  import t5lite.gin_config as gin_config
+  import t5lite.cli.gin_config as gin_config
   counts = {}
   for size, hf_config in (("small", T.ElectraConfig()),
                           ("base", T.ElectraConfig(embedding_size=768, hidden_size=256,

@@ -10,11 +10,11 @@ import pytest
 import t5lite_tasks  # noqa: F401 (registers the tasks)
 from t5lite import cli
 from t5lite.data import describe, pipeline, rows
-from t5lite.data.converters import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
+from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
                                     EncoderOnlyFeatureConverter)
-from t5lite.data.hf_vocabularies import train_wordpiece
+from t5lite.data.vocab.hf_vocabularies import train_wordpiece
 from t5lite.data.registry import TaskRegistry
-from t5lite.data.vocabularies import load_vocabulary
+from t5lite.data.vocab.vocabularies import load_vocabulary
 from t5lite_tasks import embedded
 
 LENGTHS = {"inputs": 128, "targets": 32}

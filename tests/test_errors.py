@@ -8,7 +8,7 @@ from conftest import REPO
 from t5lite import cli
 from t5lite.data import describe
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
-from t5lite.gin_config import GinConfigError
+from t5lite.cli.gin_config import GinConfigError
 
 
 def _error_line(capsys, *, lines: int = 1) -> str:

@@ -14,8 +14,10 @@ import transformers
 
 import t5lite
 from t5lite import cli
-from t5lite.data import vocabularies
-from t5lite.export import hf, hf_tokenizer, params_only
+from t5lite.data.vocab import vocabularies
+from t5lite.interop.hf import checkpoints as hf
+from t5lite.interop.hf import tokenizer as hf_tokenizer
+from t5lite.interop import params_only
 from t5lite.models.params import init_params
 from t5lite.runtime import model_dir, partitioning
 from t5lite.train.trainer import train

@@ -2,7 +2,7 @@
 import jax
 import pytest
 
-from t5lite import gin_config
+from t5lite.cli import gin_config
 from t5lite.models import abstract_params, count_params
 
 MODEL_FILES = [f for f in gin_config.shipped_gin_files() if f.startswith("gin/models/")]

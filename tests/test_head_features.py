@@ -1,4 +1,4 @@
-"""t5lite.data.head_features: BERT's templates, truncation and its counting, label checks,
+"""t5lite.data.converters.head_features: BERT's templates, truncation and its counting, label checks,
 word-piece tag alignment, QA windows (checked against `tokenizers`' own overflowing windows)
 and multiple choice; entity F1 (t5lite.eval.metrics) against seqeval on random tags."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from tokenizers import processors
 
-from t5lite.data import head_features as hf
-from t5lite.data.hf_vocabularies import WordPieceVocabulary, train_wordpiece
+from t5lite.data.converters import head_features as hf
+from t5lite.data.vocab.hf_vocabularies import WordPieceVocabulary, train_wordpiece
 from t5lite.data.registry import Feature
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 

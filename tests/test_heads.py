@@ -9,7 +9,7 @@ import pytest
 
 from helpers import checkpoint_params, logged_losses, quiet, tiny_decoder_only, tiny_encoder_only
 from helpers import train_config
-from t5lite.data.head_converter import HeadFeatureConverter
+from t5lite.data.converters.heads import HeadFeatureConverter
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
 from t5lite.train import warm_start

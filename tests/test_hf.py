@@ -11,7 +11,7 @@ import transformers
 
 import t5lite
 from helpers import assert_trees_equal, hf_t5, tiny
-from t5lite.export import hf as hf_export
+from t5lite.interop.hf import checkpoints as hf_export
 
 # (name, T5Config kwargs, untied): v1.0-style tied ReLU, v1.1-style untied gated-GELU, and
 # odd shapes (num_heads * d_kv != d_model, gated-SiLU, asymmetric depth, other buckets).

@@ -16,8 +16,8 @@ import transformers
 
 import t5lite
 from t5lite.errors import ConfigError
-from t5lite.export import hf as hf_export
-from t5lite.export import hf_layout
+from t5lite.interop.hf import checkpoints as hf_export
+from t5lite.interop.hf import layout as hf_layout
 from t5lite.models.config import ModelConfig
 
 T = transformers

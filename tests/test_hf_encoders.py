@@ -20,7 +20,8 @@ import t5lite
 from conftest import REPO
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import hf_layout, params_only
+from t5lite.interop.hf import layout as hf_layout
+from t5lite.interop import params_only
 from t5lite.models.config import ModelConfig
 
 T = transformers

@@ -1,4 +1,4 @@
-"""HF parity of the finetuning heads (t5lite.export.hf_heads): every `*For<Head>` class of BERT,
+"""HF parity of the finetuning heads (t5lite.interop.hf.heads): every `*For<Head>` class of BERT,
 RoBERTa, ALBERT, GPT-2 and LLaMA that t5lite has.
 
 For each: a random HF model of odd shapes (hidden 30, 5 heads, 3 labels, every parameter

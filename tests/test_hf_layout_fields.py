@@ -10,8 +10,8 @@ import pytest
 
 import t5lite
 from t5lite.errors import ConfigError
-from t5lite.export import hf_layout
-from t5lite.export.import_cli import hf_vocabulary
+from t5lite.interop.hf import layout as hf_layout
+from t5lite.cli.imports import hf_vocabulary
 from t5lite.models import abstract_params
 
 BASES = {  # tiny config.json of each model type; each layout fills in its defaults

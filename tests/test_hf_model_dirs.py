@@ -10,12 +10,12 @@ import torch
 import transformers
 
 import t5lite
-from t5lite.data.hf_vocabularies import train_byte_level_bpe, train_wordpiece
-from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.data.vocabularies import load_vocabulary
-from t5lite.export.export_cli import export_hf
-from t5lite.export.hf_tokenizer import write_hf_tokenizer
-from t5lite.export.import_cli import import_hf
+from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.sources.stdlib_corpus import stdlib_documents
+from t5lite.data.vocab.vocabularies import load_vocabulary
+from t5lite.cli.export import export_hf
+from t5lite.interop.hf.tokenizer import write_hf_tokenizer
+from t5lite.cli.imports import import_hf
 
 TEXT = "The quick brown fox: it jumps over 12 lazy dogs, naïvely."
 

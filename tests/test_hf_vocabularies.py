@@ -1,4 +1,4 @@
-"""WordPiece and byte-level BPE vocabularies (t5lite.data.hf_vocabularies): parity with
+"""WordPiece and byte-level BPE vocabularies (t5lite.data.vocab.hf_vocabularies): parity with
 transformers' fast tokenizers, special tokens, save / load / pickle, deterministic training,
 clear errors, HF export, and the special ids through the data pipeline.
 
@@ -17,16 +17,17 @@ import numpy as np
 import pytest
 import transformers
 
-from t5lite.data import objectives, pretraining
+from t5lite.data.objectives import token_objectives as objectives
+from t5lite.data.objectives import chains as pretraining
 from t5lite.data import preprocessors as pp
-from t5lite.data.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
+from t5lite.data.vocab.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
                                          train_byte_level_bpe, train_wordpiece)
 from t5lite.data.registry import Feature
-from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
+from t5lite.data.sources.stdlib_corpus import stdlib_documents
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
                                       train_sentencepiece)
 from t5lite.errors import ConfigError
-from t5lite.export.hf_tokenizer import write_hf_tokenizer
+from t5lite.interop.hf.tokenizer import write_hf_tokenizer
 
 ROBERTA = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 EDGES = ["Héllo Wörld, naïve café Ærø façade", "ÅNGSTRÖM résumé São Paulo Düsseldorf",
@@ -234,8 +235,8 @@ def test_load_an_hf_tokenizer_directory(hand_vocab_txt, bpe, tmp_path):
 
 DETERMINISM = """
 import sys
-from t5lite.data.stdlib_corpus import stdlib_documents
-from t5lite.data.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.sources.stdlib_corpus import stdlib_documents
+from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
 texts = [d["text"] for d in stdlib_documents()][:300]
 print(train_wordpiece(texts, 1500)._key()[0], train_byte_level_bpe(texts, 1500)._key()[0])
 """

@@ -21,9 +21,11 @@ from flax import serialization, traverse_util
 import t5lite
 from helpers import tiny
 from t5lite import cli
-from t5lite.data.vocabularies import train_sentencepiece
+from t5lite.data.vocab.vocabularies import train_sentencepiece
 from t5lite.errors import ConfigError
-from t5lite.export import limits, t5x, t5x_files
+from t5lite.interop import limits
+from t5lite.interop.t5x import checkpoints as t5x
+from t5lite.interop.t5x import files as t5x_files
 from t5lite.models.params import init_params
 from test_t5x_import import (DECODER_LAYER, ENCODER_LAYER, MLP, STEP, V11,
                              write_msgpack_checkpoint, t5x_target)

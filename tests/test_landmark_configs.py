@@ -9,7 +9,8 @@ re-derived here from the paper's layout.
 """
 import pytest
 
-from t5lite import count_params, gin_config
+from t5lite import count_params
+from t5lite.cli import gin_config
 from t5lite.families import family_of
 from t5lite.models import abstract_params
 
@@ -108,7 +109,8 @@ def test_parameter_count_equals_hf(path):
 def test_config_is_what_importing_the_published_config_json_gives(path):
   """The gin file says exactly what t5lite's HF layout reads from the published model's
   config.json, and exports back without a refusal."""
-  from t5lite.export import hf, hf_layout
+  from t5lite.interop.hf import checkpoints as hf
+  from t5lite.interop.hf import layout as hf_layout
   hf_dict = hf_config(path).to_dict()
   assert hf_dict["model_type"] in hf_layout.supported()
   ours = model_config(path)
@@ -135,7 +137,7 @@ def test_tiny_configs_match_hf_counts():
 @pytest.mark.parametrize("path", ["gin/models/bert/tiny.gin", "gin/models/llama_style/tiny.gin"])
 def test_tiny_configs_export_and_import_unchanged(path):
   """Their HF config.json (the family's layout) reads back as the very same config."""
-  from t5lite.export import hf
+  from t5lite.interop.hf import checkpoints as hf
   ours = model_config(path)
   assert hf.config_from_hf(hf.config_to_hf(ours)) == ours
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import tiny
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
-from t5lite.data.sources import FunctionSource
+from t5lite.data.sources.readers import FunctionSource
 from t5lite.eval import metrics
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig

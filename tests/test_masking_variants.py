@@ -1,10 +1,10 @@
-"""Masking variants (t5lite.data.masking): statistics over many draws, word boundaries,
+"""Masking variants (t5lite.data.objectives.masking): statistics over many draws, word boundaries,
 80/10/10 per token or per span, the span boundary features. Numpy only: fast."""
 import numpy as np
 import pytest
 
-from t5lite.data import masking
-from t5lite.data.hf_vocabularies import WordPieceVocabulary
+from t5lite.data.objectives import masking
+from t5lite.data.vocab.hf_vocabularies import WordPieceVocabulary
 from t5lite.errors import ConfigError
 
 PAD, UNK, CLS, SEP, MASK = range(5)

@@ -223,8 +223,9 @@ def test_separate_stack_embeddings_are_refused_by_name(tmp_path_factory, tmp_pat
 def test_switch_base_files_are_the_published_models(experts):
   """gin/models/switch/base_<E>.gin: HF's parameter count (torch's meta device: nothing
   allocated) and exactly the config that importing google/switch-base-<E>'s config.json gives."""
-  from t5lite import count_params, gin_config
-  from t5lite.export import hf as hf_export
+  from t5lite import count_params
+  from t5lite.cli import gin_config
+  from t5lite.interop.hf import checkpoints as hf_export
   gin_config.parse([f"gin/models/switch/base_{experts}.gin"])
   ours = gin_config.model_config()
   published = transformers.SwitchTransformersConfig(

@@ -35,7 +35,8 @@ import yaml
 import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
 from conftest import REPO
 from helpers import assert_trees_equal, logged_losses, metrics_records
-from t5lite import cli, gin_config
+from t5lite import cli
+from t5lite.cli import gin_config
 from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed
 from t5lite.launch import cli as launch_cli
 from t5lite.runtime import checkpoints as ckpt_lib

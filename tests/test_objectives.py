@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t5lite.data.objectives import infilling_spans, mlm, prefix_lm, text_infilling
+from t5lite.data.objectives.token_objectives import infilling_spans, mlm, prefix_lm, text_infilling
 
 MASK = 4
 VOCAB = 1000

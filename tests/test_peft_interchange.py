@@ -1,4 +1,4 @@
-"""peft library interchange (t5lite.export.peft_format, `t5lite export peft`, `t5lite import
+"""peft library interchange (t5lite.interop.peft.lora, `t5lite export peft`, `t5lite import
 peft`, `t5lite export hf --merge`).
 
 Tiny random HF models of each family (T5, GPT-2, LLaMA, BERT MLM, a RoBERTa classifier whose
@@ -27,7 +27,10 @@ from helpers import random_hf_models
 from conftest import REPO
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import lora_merge, params_only, peft_format, peft_record
+from t5lite.interop.peft import lora_merge
+from t5lite.interop import params_only
+from t5lite.interop.peft import lora as peft_format
+from t5lite.interop.peft import record as peft_record
 from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig

@@ -1,4 +1,4 @@
-"""Many adapters, one base (t5lite.export.adapter_batch): a batch whose rows use different
+"""Many adapters, one base (t5lite.interop.peft.adapter_batch): a batch whose rows use different
 LoRA adapters of one base, and rows of the base alone, decodes in one program as each row does
 with its own adapter alone; `t5lite infer` / `eval` / `export serving` take a base plus
 adapters."""
@@ -13,12 +13,14 @@ import train_tasks
 from helpers import BYTE_VOCAB_SIZE, tiny, tiny_decoder_only
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.export import params_only
+from t5lite.interop import params_only
 from t5lite.families import family_of
 from t5lite.models import adapters, decoding
 from t5lite.models.adapters import AdapterConfig
 from t5lite.runtime import partitioning
-from t5lite.export import adapter_batch, frozen_model, peft_record
+from t5lite.interop.peft import adapter_batch
+from t5lite.interop import frozen_model
+from t5lite.interop.peft import record as peft_record
 
 LORA = AdapterConfig(r=2, lora_alpha=4, target_modules=("query", "value", "wo"))
 ROWS = ["a", "b", None, "c", "a", "b"]  # one base-only row; every adapter at least once
@@ -305,7 +307,7 @@ def test_eval_takes_a_base_plus_an_adapter(made, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_serving_exports_a_joined_run_and_per_row_adapters(made, tmp_path, capsys):
-  from t5lite.export import serving_loader
+  from t5lite.interop.serving import serving_loader
   base, runs = made("t5")
   common = ["--input_length", "8", "--max_decode_length", "6"]
   # A PEFT RUN_DIR as --checkpoint: the joined model, as peft_record.load_run joins it.

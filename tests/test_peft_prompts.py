@@ -1,4 +1,4 @@
-"""Prompt tuning and prefix tuning against the peft library (t5lite.export.peft_prompts).
+"""Prompt tuning and prefix tuning against the peft library (t5lite.interop.peft.prompts).
 
 Random soft prompts and prefixes (never zeros: they would prove nothing) on tiny random HF
 models: t5lite's adapted logits equal peft's PeftModel on the HF base, for prompt tuning of
@@ -17,7 +17,8 @@ import transformers
 import t5lite
 from helpers import random_hf_models
 from t5lite.errors import ConfigError
-from t5lite.export import lora_merge, peft_io
+from t5lite.interop.peft import lora_merge
+from t5lite.interop.peft import adapters as peft_io
 from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
@@ -246,7 +247,7 @@ def test_cli_import_then_export_gives_back_the_same_tensors(base, tmp_path, caps
   import safetensors.numpy
 
   from t5lite import cli
-  from t5lite.export import params_only
+  from t5lite.interop import params_only
   hf_dir, config, params = base(name)
   torch.manual_seed(4)
   settings = (peft.PromptTuningConfig(task_type=TASKS[name], num_virtual_tokens=N)

@@ -10,13 +10,13 @@ import train_tasks  # noqa: F401 (registers train_test_copy)
 from helpers import BYTE_VOCAB_SIZE, quiet, train_config
 from helpers import tiny as _tiny
 from t5lite.errors import ConfigError
-from t5lite.export import params_only
+from t5lite.interop import params_only
 from t5lite.families import family_of
 from t5lite.families import peft as peft_lib
 from t5lite.families.peft import PeftConfig
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
-from t5lite.export import peft_record
+from t5lite.interop.peft import record as peft_record
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import Trainer, train
@@ -161,7 +161,7 @@ def test_a_soft_prompt_starts_as_the_base_embeddings_of_sampled_tokens(tmp_path)
                                 base["token_embedder"]["embedding"][np.array(ids)])
   text = AdapterConfig(method="prompt_tuning", num_virtual_tokens=5, prompt_init="text",
                        prompt_init_text="ab")
-  from t5lite.data.vocabularies import ByteVocabulary
+  from t5lite.data.vocab.vocabularies import ByteVocabulary
   vocabulary = ByteVocabulary()
   want = list(vocabulary.encode("ab"))
   assert peft_lib.prompt_init_ids(text, vocabulary, config.vocab_size, 0) == tuple(

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from t5lite.data import cache, describe, pipeline
-from t5lite.data import converters as conv
+from t5lite.data.converters import sequence as conv
 from t5lite.data import preprocessors as pp
-from t5lite.data.pretraining import span_corruption_preprocessors
+from t5lite.data.objectives.chains import span_corruption_preprocessors
 from t5lite.data.registry import (CACHE_POINT, Feature, MixtureRegistry, TaskRegistry,
                                   add_mixture, add_task)
-from t5lite.data.sources import FunctionSource
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.sources.readers import FunctionSource
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 
 VOCAB = ByteVocabulary(extra_ids=100)
 FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
@@ -272,7 +272,7 @@ def test_state_of_another_pipeline_is_refused():
 @pytest.mark.parametrize("objective", ["causal_lm", "prefix_lm", "mlm", "text_infilling"])
 def test_every_objective_chain_runs_through_the_pipeline(objective):
   """Each chain on real packing: no token cut by the converter (prefix LM halves fit)."""
-  from t5lite.data import pretraining
+  from t5lite.data.objectives import chains as pretraining
   chain = {"causal_lm": pretraining.causal_lm_preprocessors(),
            "prefix_lm": pretraining.prefix_lm_preprocessors(),
            "mlm": pretraining.mlm_preprocessors(mask_id=VOCAB.extra_id(0)),

@@ -13,7 +13,8 @@ import re
 
 import pytest
 
-from t5lite import cli, gin_config
+from t5lite import cli
+from t5lite.cli import gin_config
 from t5lite.runtime import topologies
 
 PRESETS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "gin", "runs",

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import (Feature, Mixture, MixtureRegistry, Task, TaskRegistry,
                                   add_mixture, add_task, get_mixture_or_task, rate_num_examples)
-from t5lite.data.sources import FunctionSource
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.sources.readers import FunctionSource
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 
 VOCAB = ByteVocabulary()
 FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}

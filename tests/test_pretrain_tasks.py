@@ -7,7 +7,7 @@ import pytest
 
 import t5lite_tasks  # noqa: F401 (registers the tasks)
 from t5lite.data import pipeline, rows
-from t5lite.data.converters import EncoderOnlyFeatureConverter
+from t5lite.data.converters.sequence import EncoderOnlyFeatureConverter
 from t5lite.data.registry import TaskRegistry
 from t5lite.errors import ConfigError
 from t5lite_tasks import embedded

@@ -1,9 +1,9 @@
 """Sentence pairs (BERT NSP, ALBERT SOP), truncation and RoBERTa FULL-SENTENCES
-(t5lite.data.sentence_pairs), on numbered synthetic documents: fast, numpy only."""
+(t5lite.data.objectives.sentence_pairs), on numbered synthetic documents: fast, numpy only."""
 import numpy as np
 import pytest
 
-from t5lite.data import sentence_pairs as sp
+from t5lite.data.objectives import sentence_pairs as sp
 from t5lite.errors import ConfigError
 
 CLS, SEP = 2, 3

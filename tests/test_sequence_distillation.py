@@ -19,12 +19,12 @@ from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_con
 from t5lite.data import preprocessors as pp
 from t5lite.train import sequence_distillation as sd
 from t5lite.data.registry import TaskRegistry, add_task
-from t5lite.data.sources import FunctionSource
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.sources.readers import FunctionSource
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 from t5lite.errors import ConfigError
 from t5lite.eval import metrics
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator
-from t5lite.export.params_only import write_model_dir
+from t5lite.interop.params_only import write_model_dir
 from t5lite.families import family_of
 from t5lite.families.base import Family
 

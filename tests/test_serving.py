@@ -19,9 +19,10 @@ from flax import traverse_util
 from conftest import REPO
 from helpers import tiny
 from t5lite import cli
-from t5lite.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
-from t5lite.export import serving, serving_loader
-from t5lite.export.params_only import cast_params, write_model_dir
+from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
+from t5lite.interop.serving import artifact as serving
+from t5lite.interop.serving import serving_loader
+from t5lite.interop.params_only import cast_params, write_model_dir
 from t5lite.models import decoding
 from t5lite.models.params import init_params
 from t5lite.runtime.model_dir import load_params

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from t5lite.data.sources import (FunctionSource, JsonlSource, ParquetSource, TextFileSource,
+from t5lite.data.sources.readers import (FunctionSource, JsonlSource, ParquetSource, TextFileSource,
                                  TextLineSource, TfdsSource, TsvSource, expand_patterns,
                                  prepare_tfds_dataset)
 
@@ -63,7 +63,7 @@ def test_text_lines_list_of_patterns_and_field(tmp_path):
 
 def test_many_files_few_open_maps_and_threads(tmp_path, monkeypatch):
   from concurrent.futures import ThreadPoolExecutor
-  from t5lite.data import files
+  from t5lite.data.sources import files
   monkeypatch.setattr(files, "_MAX_OPEN_MAPS", 2)  # each mmap holds a file descriptor
   for i in range(6):
     write(str(tmp_path / f"s{i}.txt"), f"{i}a\n{i}b\n{i}c\n")

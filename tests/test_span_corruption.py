@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t5lite.data.corruption import (concat_and_split, noise_span_to_unique_sentinel,
+from t5lite.data.objectives.span_corruption import (concat_and_split, noise_span_to_unique_sentinel,
                                          random_spans_noise_mask, select_random_chunk,
                                          span_corruption, span_corruption_batch,
                                          span_corruption_lengths, split_tokens)
@@ -171,7 +171,7 @@ def test_batch_equals_per_example(length, density, mean):
 
 
 def test_tied_keys_stay_exact():
-  from t5lite.data.corruption import _cut_points
+  from t5lite.data.objectives.span_corruption import _cut_points
   keys = np.array([[.5, .5, .5, .1], [.2, .9, .2, .2]])
   cuts = _cut_points(keys, 3)
   assert cuts.shape == (2, 2) and cuts[0, 1] == 3 and set(cuts[1]) < {0, 2, 3}

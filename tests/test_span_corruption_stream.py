@@ -7,7 +7,7 @@ import grain
 import numpy as np
 import pytest
 
-from t5lite.data import pretraining
+from t5lite.data.objectives import chains as pretraining
 from t5lite.data.rows import InOrder
 from t5lite.errors import ConfigError
 

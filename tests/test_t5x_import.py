@@ -1,6 +1,6 @@
 """`t5lite import t5x`: checkpoints written here in T5X's own layouts, read back bit for bit.
 
-The writers below state T5X's layouts independently of t5lite/export/t5x.py: the key names
+The writers below state T5X's layouts independently of t5lite/interop/t5x/checkpoints.py: the key names
 come from t5x/examples/t5/network.py + layers.py, the files from t5x/checkpoints.py
 (`Checkpointer.save`: msgpack + tensorstore; `OrbaxCheckpointManagerInterface`: orbax).
 """
@@ -16,8 +16,9 @@ from flax import serialization, traverse_util
 import t5lite
 from helpers import assert_trees_equal, tiny
 from t5lite import cli
-from t5lite.data.vocabularies import train_sentencepiece
-from t5lite.export import t5x, t5x_files
+from t5lite.data.vocab.vocabularies import train_sentencepiece
+from t5lite.interop.t5x import checkpoints as t5x
+from t5lite.interop.t5x import files as t5x_files
 from t5lite.models.params import init_params
 from t5lite.runtime import model_dir
 

@@ -14,12 +14,12 @@ import struct
 import numpy as np
 import pytest
 
-from t5lite.data import crc32c
-from t5lite.data.sources import TfdsSource, prepare_tfds_dataset
-from t5lite.data.tfrecord import (ArrayRecordSource, TfRecordSource,
+from t5lite.data.sources import crc32c
+from t5lite.data.sources.readers import TfdsSource, prepare_tfds_dataset
+from t5lite.data.sources.tfrecord import (ArrayRecordSource, TfRecordSource,
                                   convert_tfds_dataset_to_array_record,
                                   convert_tfrecord_to_array_record, read_tfrecord)
-from t5lite.data.tfrecord_example import make_example, parse_example
+from t5lite.data.sources.tfrecord_example import make_example, parse_example
 
 
 def ref_crc32c(data: bytes) -> int:

@@ -19,7 +19,8 @@ import time
 import pytest
 
 from helpers import logged_losses, metrics_records
-from t5lite import cli, count_params, gin_config
+from t5lite import cli, count_params
+from t5lite.cli import gin_config
 
 STEPS = 60
 LAST = 5  # the loss that must have fallen: the mean of the last LAST steps' losses

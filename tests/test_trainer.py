@@ -13,7 +13,7 @@ import pytest
 import train_tasks  # noqa: F401 (registers train_test_sc, train_test_copy)
 from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records, quiet,
                      tiny, train_config)
-from t5lite.export.hf import save_hf
+from t5lite.interop.hf.checkpoints import save_hf
 from t5lite.models import init_params
 from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
@@ -57,7 +57,7 @@ def test_stop_and_resume_equals_one_run_bitwise(tmp_path):
 
 def test_model_dir_is_self_describing(tmp_path):
   train(MODEL, config(tmp_path, train_steps=2, eval_period=2, eval_steps=2), log=quiet)
-  from t5lite.data.vocabularies import load_vocabulary
+  from t5lite.data.vocab.vocabularies import load_vocabulary
   from t5lite.runtime.model_dir import load_model_config
   assert load_model_config(tmp_path) == MODEL
   assert load_vocabulary(tmp_path) == train_tasks.VOCAB

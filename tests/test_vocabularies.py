@@ -11,8 +11,8 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from t5lite.data import vocabularies as vocab_lib
-from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
+from t5lite.data.vocab import vocabularies as vocab_lib
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
                                       train_sentencepiece)
 
 VOCAB = 400

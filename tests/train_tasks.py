@@ -22,11 +22,11 @@ Their model configs are in helpers.py (tiny, tiny_decoder_only, tiny_encoder_onl
 import numpy as np
 
 from t5lite.data import preprocessors as pp
-from t5lite.data.pretraining import (causal_lm_preprocessors, mlm_preprocessors,
+from t5lite.data.objectives.chains import (causal_lm_preprocessors, mlm_preprocessors,
                                      prefix_lm_preprocessors, span_corruption_preprocessors)
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
-from t5lite.data.sources import FunctionSource
-from t5lite.data.vocabularies import ByteVocabulary
+from t5lite.data.sources.readers import FunctionSource
+from t5lite.data.vocab.vocabularies import ByteVocabulary
 from t5lite.eval import metrics
 
 VOCAB = ByteVocabulary(extra_ids=100)  # 359 ids; models use vocab_size 384

@@ -44,10 +44,10 @@ from typing import Any, Callable, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from t5lite.bench import hf_t5_collator as hf, machine  # noqa: E402
-from t5lite.data import corruption as sc  # noqa: E402
-from t5lite.data.converters import EncDecFeatureConverter  # noqa: E402
+from t5lite.data.objectives import span_corruption as sc
+from t5lite.data.converters.sequence import EncDecFeatureConverter  # noqa: E402
 from t5lite.data.pipeline import PipelineConfig, get_dataset  # noqa: E402
-from t5lite.data.pretraining import CONCAT_GROUP, span_corruption_preprocessors  # noqa: E402
+from t5lite.data.objectives.chains import CONCAT_GROUP, span_corruption_preprocessors  # noqa: E402
 from t5lite.data.registry import Feature, Task, TaskRegistry, add_task  # noqa: E402
 
 TASK_NAME = "bench_data_pretokenized_span_corruption"

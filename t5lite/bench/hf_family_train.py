@@ -52,13 +52,13 @@ def hf_config(family: str, size: str = "bench", max_positions: int = MAX_POSITIO
 
 def t5lite_config(hf: dict, dtype: str = "float32") -> ModelConfig:
   """The t5lite ModelConfig equal to an HF config dict (the family's HF layout reads it)."""
-  from t5lite.export import hf as hf_export  # imports (registers) every layout
+  from t5lite.interop.hf import checkpoints as hf_export
   return hf_export.config_from_hf(hf).replace(dtype=dtype, dropout_rate=0.0)
 
 
 def hf_tensors(config: ModelConfig, params) -> dict[str, np.ndarray]:
   """t5lite params as the HF model's state dict (numpy)."""
-  from t5lite.export import hf as hf_export
+  from t5lite.interop.hf import checkpoints as hf_export
   return hf_export.params_to_hf(config, params)
 
 

@@ -1,7 +1,7 @@
 """HF transformers' PyTorch T5 train step: the baseline of `t5lite bench train`.
 
 The model is `T5ForConditionalGeneration` built from the very weights t5lite starts from
-(t5lite.export.hf.save_hf, then `from_pretrained`), so both sides begin identical. The step is
+(t5lite.interop.hf.checkpoints.save_hf, then `from_pretrained`), so both sides begin identical. The step is
 what HF's Trainer does per batch, minus its bookkeeping:
 
     loss = model(input_ids=..., attention_mask=..., labels=...).loss   # mean CE over labels != -100
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from t5lite.export import hf as hf_export
+from t5lite.interop.hf import checkpoints as hf_export
 from t5lite.models.config import ModelConfig
 
 IGNORE_INDEX = -100  # HF's label pad: CrossEntropyLoss(ignore_index=-100)

@@ -46,7 +46,7 @@ def switch_bindings(experts: int) -> list[str]:
 
 
 def _model(bindings: list[str]):
-  from t5lite import gin_config
+  from t5lite.cli import gin_config
   gin_config.parse([RUN], bindings)
   return gin_config.model_config()
 

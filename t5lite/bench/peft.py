@@ -115,7 +115,7 @@ def _train_config(model_dir: str, *, steps: int, batch_size: int, lengths: dict,
 
 
 def _write_base(path: str, config, params, vocabulary=None) -> str:
-  from t5lite.export import params_only
+  from t5lite.interop import params_only
   params_only.write_model_dir(path, config, params, step=0, vocabulary=vocabulary)
   return path
 

@@ -70,7 +70,7 @@ def _first_row(model_dir: str) -> dict:
 
 
 def _pretraining_flops(overrides: list[str]) -> float:
-  from t5lite import gin_config
+  from t5lite.cli import gin_config
   from t5lite.families import family_of
   gin_config.parse([ELECTRA_MODEL], overrides)
   family = family_of(gin_config.model_config())

@@ -1,7 +1,7 @@
 """`t5lite bench train`: steady-state train-step throughput, t5lite vs HF's PyTorch T5.
 
 Both sides train the same model from the same weights (t5lite's init, exported to HF with
-t5lite.export.hf) with AdamW at the same lr / betas / eps / weight decay, on the same
+t5lite.interop.hf.checkpoints) with AdamW at the same lr / betas / eps / weight decay, on the same
 examples, in one process; t5lite.bench.hf_t5_train is the HF side. The loss is the same on
 both: mean cross entropy over real target tokens (t5lite's z-loss off, as HF has none).
 

@@ -49,7 +49,7 @@ def finetune_batches(batch_size: int, lengths: tuple[int, int], steps: int, seed
   loss equals t5lite's first loss when both models are the same.
   """
   import t5lite_tasks  # noqa: F401 (registers the embedded tasks; builds the vocab once)
-  from t5lite.data.converters import EncDecFeatureConverter
+  from t5lite.data.converters.sequence import EncDecFeatureConverter
   from t5lite.data.pipeline import PipelineConfig, get_dataset
   from t5lite.data.registry import TaskRegistry
   task = TaskRegistry.get(FINETUNE_TASK)

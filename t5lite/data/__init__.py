@@ -8,15 +8,15 @@ sources (+ tfds_source, tfrecord), preprocessors, corruption (T5 span corruption
 converters (packing), rows (each batch row's stream), pipeline
 (batches; workers computes rows in worker processes), cache, describe.
 """
-from t5lite.data.corruption import span_corruption, span_corruption_lengths
+from t5lite.data.objectives.span_corruption import span_corruption, span_corruption_lengths
 from t5lite.data.pipeline import PipelineConfig, get_dataset
 from t5lite.data.registry import (CACHE_POINT, Feature, Mixture, MixtureRegistry, Task,
                                   TaskRegistry, add_mixture, add_task, get_mixture_or_task)
 # hf_vocabularies registers its kinds with load_vocabulary on import (vocabularies.py cannot
 # import it: it imports vocabularies.py), and every import of t5lite.data runs this first.
-from t5lite.data.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
+from t5lite.data.vocab.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
                                          train_byte_level_bpe, train_wordpiece)
-from t5lite.data.vocabularies import (ByteVocabulary, SentencePieceVocabulary, Vocabulary,
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, Vocabulary,
                                       train_sentencepiece)
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Layout: CACHE_DIR/<task>/<split>/shard-WWWWW-of-NNNNN.array_record, each with a
 .json beside it (written last, so a shard without one is unfinished and never read); both
-are written under temporary names and renamed into place (t5lite.data.atomic).
+are written under temporary names and renamed into place (t5lite.util.atomic).
 Examples are msgpack (flax.serialization): numpy arrays, strings and numbers, no pickle.
 Worker w of N caches source indices w, w+N, ...; N workers can be N hosts.
 """
@@ -16,7 +16,7 @@ import grain
 from array_record.python import array_record_data_source, array_record_module
 from flax import serialization
 
-from t5lite.data import atomic
+from t5lite.util import atomic
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
 from t5lite.errors import ConfigError, ConfigFileNotFoundError

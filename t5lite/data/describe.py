@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 import grain
 import numpy as np
 
-from t5lite.data import converters as conv
+from t5lite.data.converters import sequence as conv
 from t5lite.data.registry import MixtureRegistry, Task, TaskRegistry, get_mixture_or_task
 from t5lite.data.rows import PipelineConfig, task_row_dataset
 from t5lite.errors import ConfigError

@@ -11,7 +11,7 @@ import difflib
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from t5lite.data.vocabularies import Vocabulary
+from t5lite.data.vocab.vocabularies import Vocabulary
 from t5lite.errors import ConfigError, ConfigKeyError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")

@@ -16,7 +16,7 @@ import grain
 import numpy as np
 
 from t5lite.data import cache
-from t5lite.data.checks import check_feature_lengths, require_int
+from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Mixture, Task
 from t5lite.errors import ConfigError

@@ -27,7 +27,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from t5lite.data.checks import check_feature_lengths, require_int
+from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
@@ -89,7 +89,7 @@ class InferConfig:
   """`--adapters a=RUN_DIR,b=RUN_DIR` (or a gin dict): adapters of the base checkpoint_path
   (LoRA, or soft prompts, or prefixes: one kind) that JSONL inputs pick by name ({"inputs":
   ..., "adapter": "a"}; "base": the base alone, LoRA only); one batch mixes them in one
-  program (t5lite.export.adapter_batch)."""
+  program (t5lite.interop.peft.adapter_batch)."""
 
   def __post_init__(self):
     check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
@@ -122,7 +122,7 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   """Evaluates; returns the metrics ({eval/<task>/<metric>: value}) it also wrote."""
   import jax
 
-  from t5lite.export import adapter_batch
+  from t5lite.interop.peft import adapter_batch
   from t5lite.runtime import partitioning as part
   from t5lite.runtime.model_dir import model_dir_of
   tasks = tasks_of(config.mixture_or_task_name)
@@ -169,7 +169,7 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
 def _check_adapter_names(records, named, given: bool, path: str) -> None:
   """Refuses an input naming an adapter that was not given (`given`: --adapter or --adapters
   were), before anything is loaded."""
-  from t5lite.export import adapter_batch
+  from t5lite.interop.peft import adapter_batch
   names = adapter_batch.parse_adapters(named)
   for _, adapter, number in records:
     if adapter is None or adapter in names or (adapter == adapter_batch.BASE and given):
@@ -186,8 +186,8 @@ def _check_adapter_names(records, named, given: bool, path: str) -> None:
 def _vocabulary(config: InferConfig):
   """The checkpoint's vocabulary; with adapters, a base without one (an HF directory, a bare
   MODEL_DIR) lends the first adapter RUN_DIR's (a PEFT run saves its task's)."""
-  from t5lite.data.vocabularies import load_vocabulary
-  from t5lite.export import adapter_batch
+  from t5lite.data.vocab.vocabularies import load_vocabulary
+  from t5lite.interop.peft import adapter_batch
   from t5lite.runtime.model_dir import model_dir_of
   named = adapter_batch.parse_adapters(config.adapters)
   runs = ([config.adapter] if config.adapter and config.adapter not in named else []) + list(
@@ -249,7 +249,7 @@ def infer(config: InferConfig) -> int:
   import tqdm
 
   from t5lite.models.decoding import generate
-  from t5lite.export import adapter_batch
+  from t5lite.interop.peft import adapter_batch
   from t5lite.runtime import partitioning as part
   if config.input_path == "-" and jax.process_count() > 1:
     # Each process would read its own stdin: different inputs, mismatched collectives.

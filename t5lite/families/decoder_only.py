@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from t5lite.data import converters, pretraining
+from t5lite.data.converters import sequence as converters
+from t5lite.data.objectives import chains as pretraining
 from t5lite.families import heads
 from t5lite.families.base import Family, attention_params, stack_mlp_params
 from t5lite.families.registry import register

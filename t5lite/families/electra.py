@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from t5lite.data import pretraining
+from t5lite.data.objectives import chains as pretraining
 from t5lite.errors import ConfigError
 from t5lite.families.base import attention_params, stack_mlp_params, token_loss_sums
 from t5lite.families.encoder_only import EncoderOnlyFamily, on_chosen

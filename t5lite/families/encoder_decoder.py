@@ -3,13 +3,14 @@
 Batches (EncDecFeatureConverter): encoder_input_tokens / decoder_input_tokens /
 decoder_target_tokens / decoder_loss_weights with segment ids and positions when packed. The
 loss is token cross entropy on the decoder's targets; decoding runs the encoder once and the
-decoder step by step; HF's T5 layout (t5lite.export.hf) is its import/export mapping.
+decoder step by step; HF's T5 layout (t5lite.interop.hf.checkpoints) is its import/export mapping.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-from t5lite.data import converters, pretraining
+from t5lite.data.converters import sequence as converters
+from t5lite.data.objectives import chains as pretraining
 from t5lite.families.base import Family, attention_params, stack_mlp_params
 from t5lite.families.registry import register
 

@@ -15,7 +15,8 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
-from t5lite.data import converters, pretraining
+from t5lite.data.converters import sequence as converters
+from t5lite.data.objectives import chains as pretraining
 from t5lite.families import heads
 from t5lite.families.base import (Family, attention_params, stack_mlp_params,
                                   token_loss_sums)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from t5lite.data.head_converter import IGNORE, HeadFeatureConverter
+from t5lite.data.converters.heads import IGNORE, HeadFeatureConverter
 from t5lite.families.base import token_loss_sums
 
 Batch = Mapping[str, jax.Array]

@@ -12,7 +12,7 @@ on the targeted kernels). The base's params are loaded by the trainer, optionall
 and passed to every step beside the train state (loss_fn's fixed_params), as a distillation
 teacher is: no gradient, no optimizer state, never donated or checkpointed, so they are
 bitwise the same after training. The train state holds the adapters alone: the optimizer keeps
-state for them only, and checkpoints hold them only (t5lite.export.peft_record: RUN_DIR/
+state for them only, and checkpoints hold them only (t5lite.interop.peft.record: RUN_DIR/
 peft.json names the base and its fingerprint; eval, infer and export join the two).
 
 Params the adapted model has and the base lacks (a new finetuning head on a pretrained

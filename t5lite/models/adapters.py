@@ -30,7 +30,7 @@ every query, the tokens' positions after them; with prefix_projection an MLP
 Any adapter param may carry a leading row axis when applied: one adapter per batch row
 (mixed-adapter batches; see rows_of and adapter_param). Training only the adapters (the
 base frozen and left out of checkpoints), peft interchange and merging are the PEFT recipe's
-(t5lite.families.peft, t5lite.export.peft_io).
+(t5lite.families.peft, t5lite.interop.peft.adapters).
 """
 from __future__ import annotations
 

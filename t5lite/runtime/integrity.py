@@ -36,7 +36,7 @@ import google_crc32c
 import jax
 import numpy as np
 
-from t5lite.data import atomic
+from t5lite.util import atomic
 from t5lite.errors import ConfigError
 
 CHECKSUMS_FILE = "t5lite_checksums.json"

@@ -96,7 +96,7 @@ def _drop_rows_after(path: str, step: int) -> None:
   line (a kill mid-write) is dropped too."""
   if not os.path.isfile(path):
     return
-  from t5lite.data import atomic
+  from t5lite.util import atomic
   kept, dropped = [], 0
   with open(path, encoding="utf-8") as f:
     for line in f:

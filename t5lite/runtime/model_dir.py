@@ -2,7 +2,7 @@
 
   MODEL_DIR/
     model_config.json      the ModelConfig (t5lite.ModelConfig.from_json reads it)
-    vocabulary.json        the vocabulary (t5lite.data.vocabularies.load_vocabulary reads it,
+    vocabulary.json        the vocabulary (t5lite.data.vocab.vocabularies.load_vocabulary reads it,
     spiece.model           as does T5LITE_VOCAB=MODEL_DIR) and its sentencepiece model
     config.gin             the gin config the run was started with
     checkpoints/<step>/    orbax checkpoints: state (TrainState) + data (iterator state)
@@ -24,7 +24,7 @@ import re
 import secrets
 import time
 
-from t5lite.data.vocabularies import Vocabulary
+from t5lite.data.vocab.vocabularies import Vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.models.config import ModelConfig
 
@@ -62,20 +62,20 @@ DISTILLATION_PARAMS = "distillation"
 
 
 PEFT_RECORD_FILE = "peft.json"
-"""A PEFT run's record (t5lite.export.peft_record): its MODEL_DIR holds adapters only."""
+"""A PEFT run's record (t5lite.interop.peft.record): its MODEL_DIR holds adapters only."""
 
 
 def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   """(model_config, params, step) of a checkpoint: a MODEL_DIR (its newest step) or a step
   folder. Params only, laid out on `mesh` by `rules` (default: every device, data parallel).
-  A PEFT run holds only adapters: t5lite.export.peft_record.load_run joins them to its base."""
+  A PEFT run holds only adapters: t5lite.interop.peft.record.load_run joins them to its base."""
   from t5lite.families import family_of
   from t5lite.runtime import checkpoint_reader, partitioning
   home = model_dir_of(checkpoint_path)
   if os.path.isfile(os.path.join(home, PEFT_RECORD_FILE)):
     raise ConfigError(f"{home} is a PEFT run (adapters only), not a whole model: name the "
                       "base it adapts (its peft.json's 'base'), or read it with "
-                      "t5lite.export.peft_record.load_run, which joins the two")
+                      "t5lite.interop.peft.record.load_run, which joins the two")
   model_config = load_model_config(home)
   mesh = mesh if mesh is not None else partitioning.make_mesh(partitioning.MeshConfig())
   rules = rules if rules is not None else partitioning.logical_axis_rules()
@@ -98,7 +98,7 @@ def write_json(path: str, value) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-  from t5lite.data import atomic
+  from t5lite.util import atomic
   atomic.write_file(path, text)
 
 
@@ -124,7 +124,7 @@ def check_vocabulary(model_dir: str | os.PathLike, vocabulary: Vocabulary | None
   directory's spiece.model) other than `vocabulary`: its checkpoints' ids mean other text,
   and resuming or finetuning them on this task would train on (and infer, eval and export
   would decode with) the wrong one."""
-  from t5lite.data.vocabularies import CONFIG_FILE, SPIECE_FILE, load_vocabulary
+  from t5lite.data.vocab.vocabularies import CONFIG_FILE, SPIECE_FILE, load_vocabulary
   model_dir = os.fspath(model_dir)
   if vocabulary is None or not any(os.path.isfile(os.path.join(model_dir, name))
                                    for name in (CONFIG_FILE, SPIECE_FILE)):

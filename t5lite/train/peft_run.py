@@ -1,5 +1,5 @@
 """A PEFT run's trainer pieces: its base read, checked against the run's model and placed; the
-adapted family; the record its MODEL_DIR keeps (t5lite.export.peft_record).
+adapted family; the record its MODEL_DIR keeps (t5lite.interop.peft.record).
 
 The base's params are read in their own dtype (what the record fingerprints), cut to what the
 adapted model reads (peft_record.base_part), then cast to PeftConfig.base_dtype and placed by
@@ -18,7 +18,8 @@ from t5lite.families.registry import family_of
 from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import partitioning
-from t5lite.export import frozen_model, peft_record
+from t5lite.interop import frozen_model
+from t5lite.interop.peft import record as peft_record
 
 Tree = Any
 

@@ -67,12 +67,13 @@ import numpy as np
 from array_record.python import array_record_module
 from flax import serialization
 
-from t5lite.data import atomic, cache
+from t5lite.data import cache
+from t5lite.util import atomic
 from t5lite.data import preprocessors as pp
-from t5lite.data.checks import check_feature_lengths, require_int
+from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.registry import MixtureRegistry, Task, TaskRegistry, add_task, validate_name
 from t5lite.data.rows import PipelineConfig, task_row_dataset
-from t5lite.data.vocabularies import load_vocabulary
+from t5lite.data.vocab.vocabularies import load_vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
 from t5lite.train import teacher as teacher_lib
 
@@ -185,7 +186,8 @@ def _source(name: str, source_task: str, splits: tuple[str, ...]) -> Task:
 def _teacher(teacher: str | os.PathLike):
   """(config, load: () -> (config, params), its saved vocabulary or None, absolute path) of an
   HF directory or a t5lite MODEL_DIR: the config first, to be checked before the weights."""
-  from t5lite.export import hf, limits  # pylint: disable=import-outside-toplevel
+  from t5lite.interop.hf import checkpoints as hf
+  from t5lite.interop import limits
   from t5lite.runtime import model_dir  # pylint: disable=import-outside-toplevel
   where = teacher_lib.locate(teacher)
   path, home = where.path, where.home

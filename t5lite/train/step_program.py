@@ -21,7 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5lite.data.converters import FeatureConverter
+from t5lite.data.converters.sequence import FeatureConverter
 from t5lite.families import Family
 from t5lite.runtime import partitioning as part
 from t5lite.train.optimizers import make_optimizer, trainable_only

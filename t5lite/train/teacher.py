@@ -18,7 +18,7 @@ from t5lite.errors import ConfigError
 from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
-from t5lite.export import frozen_model
+from t5lite.interop import frozen_model
 
 Tree = Any
 RECORD_FILE = "distillation.json"
@@ -32,7 +32,7 @@ fingerprint = frozen_model.fingerprint
 
 def read(options: DistillationConfig) -> tuple[Teacher, ModelConfig, Tree | None]:
   """(where, config, host params or None) of DistillationConfig's teacher, in its
-  teacher_dtype when set (t5lite.export.frozen_model.read)."""
+  teacher_dtype when set (t5lite.interop.frozen_model.read)."""
   return frozen_model.read(options.teacher, options.teacher_dtype, "teacher")
 
 

@@ -66,7 +66,7 @@ from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
-from t5lite.export import peft_record
+from t5lite.interop.peft import record as peft_record
 from t5lite.train import loop as loop_lib
 from t5lite.train import peft_run
 from t5lite.train import step_program
@@ -147,7 +147,7 @@ class TrainConfig:
 
   def __post_init__(self):
     # Floats, bools and strings pass `< 1`: TRAIN_STEPS=10.5 trained to step 11.
-    from t5lite.data.checks import check_feature_lengths, require_int
+    from t5lite.util.checks import check_feature_lengths, require_int
     for name in ("train_steps", "batch_size", "log_period", "eval_steps",
                  "preemption_check_period"):
       require_int(getattr(self, name), f"TrainConfig.{name}", minimum=1)
@@ -364,7 +364,7 @@ class Trainer:
 
   def _hf_params(self, path: str) -> tuple[Tree, int]:
     """(params as numpy, the checkpoint's vocab_size) of an HF directory."""
-    from t5lite.export.hf import load_hf  # torch-free unless the checkpoint is a .bin
+    from t5lite.interop.hf.checkpoints import load_hf  # torch-free unless the checkpoint is a .bin
     hf_config, params = load_hf(path)
     mine, theirs = self.model_config.to_dict(), hf_config.to_dict()
     grows = self.vocabulary is not None and self.vocabulary.vocab_size > theirs["vocab_size"]

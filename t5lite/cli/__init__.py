@@ -1,0 +1,392 @@
+"""`t5lite <verb>`: the command line. Gin is parsed here and nowhere deeper.
+
+train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags, and the
+multi-host flags (--coordinator_address, --num_processes, --process_id); without them a pod's
+layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
+gin flags as train, without the multi-host ones (one process compiles for a whole pod:
+t5lite/train/aot_compile.py), and `smoke` takes a model's. The other verbs take plain flags.
+
+Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
+names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:
+permission, a full or read-only disk, a file where a folder should be), told in one line;
+42 (PREEMPTED_EXIT_CODE) `train` stopped on SIGTERM after saving: rerun it to resume.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import os
+import sys
+
+from t5lite.cli import gin_config, smoke
+from t5lite.errors import ConfigError
+from t5lite.launch import PREEMPTED_EXIT_CODE, distributed
+from t5lite.runtime import preemption
+
+GIN_VERBS = {
+    "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
+    "eval": "evaluate a checkpoint on tasks or mixtures with their metrics",
+    "infer": "decode text inputs (file or stdin) with a checkpoint, JSONL out",
+}
+COMPILE_HELP = ("compile the train step (or decoding) for a TPU topology on this host: memory "
+                "per device against HBM, XLA's flops and estimated step time")
+# Plain-flag verbs, each handled by main(argv) of its own module (which loads only what it needs).
+PLAIN_VERBS = {
+    "export": ("export a checkpoint: HF transformers (hf), params only (params), or a jax.export "
+               "serving artifact (serving)", "t5lite.cli.export"),
+    "import": ("import HF transformers (hf) or T5X (t5x) checkpoints into a t5lite MODEL_DIR",
+               "t5lite.cli.imports"),
+    "launch": ("print the per-host commands of a pod training job (TPU VM, SLURM, Kubernetes)",
+               "t5lite.launch.cli"),
+}
+# Setup mistakes: one line on stderr and exit 2. Anything else is a bug: traceback, exit 1.
+# The environment's OSErrors count too (a missing path, a file where a folder should be, a
+# folder where a file should be, no permission, a read-only or full disk); other OSErrors
+# (a broken pipe, a connection or a timeout in t5lite's own code) keep their traceback.
+PATH_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, PermissionError)
+USER_ERRORS = (*PATH_ERRORS, OSError)  # a plain OSError only with ENVIRONMENT_ERRNOS
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES,
+                                errno.EPERM, errno.ENAMETOOLONG, errno.ELOOP, errno.EIO})
+GIN_HELP = """gin flags (T5X style):
+  --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
+  --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
+                         --gin.MODEL_DIR=/tmp/run (bare words are taken as strings)"""
+EXIT_HELP = f"""exit codes:
+  0 done, 1 failed, 2 bad setup (flags, gin, mesh, a job that did not form),
+  {PREEMPTED_EXIT_CODE} preempted: SIGTERM reached a process and every process saved the same
+     step; rerun the same command to resume (schedulers requeue on this code)"""
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="t5lite", description="JAX/Flax pretraining stack for text-to-text Transformers.",
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+  for verb, text in GIN_VERBS.items():
+    sub = verbs.add_parser(verb, help=text, description=text,
+                           epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    distributed.add_flags(sub)
+    if verb in ("eval", "infer"):
+      _add_adapter_flags(sub, verb)
+  smoke = verbs.add_parser(
+      "smoke", help="forward/backward steps of a gin-configured model on embedded text",
+      description="Build the model from gin, take a few AdamW steps on standard-library "
+      "docstrings, fail unless the loss falls.", epilog=GIN_HELP,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  smoke.add_argument("--steps", type=int, default=30)
+  smoke.add_argument("--batch_size", type=int, default=8)
+  smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
+  smoke.add_argument("--seed", type=int, default=0)
+  compile_ = verbs.add_parser(
+      "compile", help=COMPILE_HELP, description=COMPILE_HELP + ": same --gin_file / --gin.X "
+      "flags as train (MODEL_DIR and MIXTURE_OR_TASK_NAME may be left out); prints a table and "
+      "one JSON line (fits, bytes_per_device, flops_per_device, estimated_mfu, ...)",
+      epilog=GIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+  _add_compile_flags(compile_)
+  _add_data_verbs(verbs)
+  for verb, (text, _) in PLAIN_VERBS.items():
+    sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
+    sub.add_argument("args", nargs=argparse.REMAINDER, help="flags of the verb (--help)")
+  return parser
+
+
+def _add_compile_flags(parser) -> None:
+  """`t5lite compile`'s own flags (t5lite.train.aot_compile, imported only when it runs)."""
+  parser.add_argument("--topology", default=None, metavar="NAME",
+                      help="a TPU topology in chips: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB, "
+                      "e.g. v5e:16x16 (default: the gin macro POD_TOPOLOGY, which the "
+                      "presets gin/runs/pods/*.gin set)")
+  parser.add_argument("--num_slices", "--num-slices", type=int, default=1,
+                      help="slices of the topology (multislice: the mesh's data axis spans them)")
+  parser.add_argument("--program", choices=("train", "decode"), default="train",
+                      help="train: the train step; decode: the generate program (encoder, "
+                      "prefill, decode loop) of TrainConfig.decode's settings")
+  parser.add_argument("--emit-hlo", "--emit_hlo", dest="emit_hlo", default=None, metavar="DIR",
+                      help="write the optimized HLO text here (the lowered StableHLO for cuda)")
+  parser.add_argument("--platform", choices=("tpu", "cuda"), default="tpu",
+                      help="tpu: compile with libtpu; cuda: lower (not compile) for GPUs, "
+                      "without libtpu")
+  parser.add_argument("--devices", type=int, default=8,
+                      help="GPUs of the abstract mesh for --platform cuda (default 8)")
+
+
+def _add_adapter_flags(sub, verb: str) -> None:
+  """A base (CHECKPOINT_PATH) plus PEFT adapters (t5lite.interop.peft.adapter_batch)."""
+  sub.add_argument("--adapter", default=None, metavar="RUN_DIR",
+                   help="a PEFT run's RUN_DIR: its adapters on the base CHECKPOINT_PATH "
+                   "(checked by fingerprint)" + (" for every input that names none (or one of "
+                   "the --adapters names)" if verb == "infer" else "; results go to "
+                   "RUN_DIR/eval unless EVAL_OUTPUT_DIR is set"))
+  if verb == "infer":
+    sub.add_argument("--adapters", default=None, metavar="NAME=RUN_DIR,...",
+                     help="adapters of the base CHECKPOINT_PATH (LoRA, or soft prompts, or "
+                     "prefixes: one kind) that JSONL inputs pick by "
+                     'name ({"inputs": "...", "adapter": "NAME"}; "base": the base alone); one '
+                     "batch mixes them in one program")
+
+
+def _lengths(text: str) -> dict[str, int]:
+  """'inputs=512,targets=114' -> {'inputs': 512, 'targets': 114}, each within the ceiling."""
+  from t5lite.util.checks import check_feature_lengths
+  try:
+    lengths = {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(","))}
+    return check_feature_lengths(lengths, "--lengths")
+  except ValueError as e:  # ConfigError included: argparse prints it with the usage line
+    detail = str(e) if isinstance(e, ConfigError) else f"expected NAME=LENGTH,..., got {text!r}"
+    raise argparse.ArgumentTypeError(detail) from e
+
+
+def _add_data_verbs(verbs) -> None:
+  tasks = verbs.add_parser("tasks", help="list, show and measure registered tasks",
+                           description="Registered tasks come from t5lite_tasks and --module.")
+  tasks.add_argument("--module", action="append", default=[],
+                     help="also import this module (it registers more tasks); repeatable")
+  sub = tasks.add_subparsers(dest="tasks_verb", metavar="list|show|stats", required=True)
+  sub.add_parser("list", help="every task and mixture")
+  for name, text in (("show", "raw, preprocessed and decoded examples"),
+                     ("stats", "token counts and packing efficiency")):
+    p = sub.add_parser(name, help=text)
+    p.add_argument("name")
+    p.add_argument("--split", default="train")
+    p.add_argument("--lengths", type=_lengths, default={"inputs": 512, "targets": 114},
+                   help="task feature lengths, e.g. inputs=512,targets=114")
+    if name == "show":
+      p.add_argument("-n", type=int, default=3, help="examples to show")
+    else:
+      p.add_argument("--max_examples", type=int, default=1000)
+      p.add_argument("--family", default=None,
+                     help="the model family whose feature converter packs the examples "
+                     "(default: T5's encoder-decoder; t5lite.families.names() lists them)")
+  bench = verbs.add_parser("bench", help="benchmarks side by side with a peer: data pipeline, "
+                           "train step, decoding (vs HF), checkpoint checksums (vs orbax "
+                           "alone); each ends with one JSON line of ratios")
+  bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
+                                         "peft", "moe"))
+  bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
+  plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
+  plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
+  cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
+                           "array_record shards (training reads them with USE_CACHED_TASKS)")
+  cache.add_argument("name")
+  cache.add_argument("--split", action="append", help="split(s) to cache (default: all)")
+  cache.add_argument("--cache_dir", default=None, help="default: $T5LITE_CACHE_DIR or "
+                     "~/.cache/t5lite/tasks")
+  cache.add_argument("--worker_index", type=int, default=0)
+  cache.add_argument("--num_workers", type=int, default=1,
+                     help="split the work over N workers or hosts, each writing its own shard")
+  cache.add_argument("--module", action="append", default=[])
+
+
+def _data_verb(args) -> int:
+  import importlib
+  import json
+  import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
+  from t5lite.data import cache, describe, registry
+  for module in args.module:
+    importlib.import_module(module)
+  if args.verb == "cache":
+    task = registry.TaskRegistry.get(args.name)
+    for split in args.split or task.splits or ["train"]:
+      info = cache.cache_task(task, split, args.cache_dir, worker_index=args.worker_index,
+                              num_workers=args.num_workers)
+      print(json.dumps(info))
+    return 0
+  if args.tasks_verb == "list":
+    print(describe.list_tasks())
+  elif args.tasks_verb == "show":
+    print(describe.show_task(args.name, args.split, args.lengths, args.n))
+  else:
+    from t5lite import families
+    from t5lite.models.config import ModelConfig
+    default = ModelConfig()
+    family = families.get(args.family or default.family_name)(default)
+    print(json.dumps(describe.task_stats(args.name, args.split, args.lengths, family.converter,
+                                         args.max_examples), indent=2))
+  return 0
+
+
+def _smoke(args) -> int:
+  losses = smoke.run(gin_config.model_config(), steps=args.steps, batch_size=args.batch_size,
+                     length=args.length, seed=args.seed)
+  k = min(3, len(losses))
+  first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+  print(f"smoke: mean loss of the first {k} steps {first:.4f}, of the last {k} {last:.4f}")
+  if not last < first:
+    print("smoke: FAILED, the loss did not fall", file=sys.stderr)
+    return 1
+  return 0
+
+
+def _import_task_modules() -> None:
+  """The shipped tasks, and T5X's MIXTURE_OR_TASK_MODULE (a module name or a list)."""
+  import importlib
+
+  import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
+  module = gin_config.macro("MIXTURE_OR_TASK_MODULE")
+  for name in ([module] if isinstance(module, str) else list(module or ())):
+    importlib.import_module(name)
+
+
+def _eval(args) -> int:
+  from t5lite.eval import run
+  _import_task_modules()
+  config = gin_config.run_config("EVAL_CONFIG", run.EvalConfig, "gin/runs/eval.gin")
+  if args.adapter:
+    config = dataclasses.replace(config, adapter=args.adapter)
+  run.evaluate_checkpoint(config)
+  return 0
+
+
+def _infer(args) -> int:
+  import jax
+
+  from t5lite.eval import run
+  config = gin_config.run_config("INFER_CONFIG", run.InferConfig, "gin/runs/infer.gin")
+  flags = {k: v for k, v in (("adapter", args.adapter), ("adapters", args.adapters)) if v}
+  config = dataclasses.replace(config, **flags) if flags else config
+  count = run.infer(config)
+  if jax.process_index() == 0:
+    print(f"t5lite infer: {count} inputs decoded"
+          + ("" if config.output_path == "-" else f" into {config.output_path}"),
+          file=sys.stderr)
+  return 0
+
+
+def _train(args) -> int:
+  import gin
+  import jax
+
+  from t5lite.train import trainer
+  _import_task_modules()
+  model_config = gin_config.model_config()
+  train_config = gin_config.train_config()
+  try:
+    result = trainer.train(model_config, train_config, gin_config_text=gin.config_str())
+  except FloatingPointError as e:  # the run diverged: not a setup mistake, not a bug either
+    print(f"t5lite train: {e}", file=sys.stderr)
+    return 1
+  if jax.process_index() == 0:
+    print(f"t5lite train: {'preempted' if result.preempted else 'done'} at step {result.step}; "
+          f"model dir {train_config.model_dir}")
+  return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def _compile(args) -> int:
+  from t5lite.train import aot_compile
+  if args.topology is None:  # a pod preset (gin/runs/pods/) names the topology it was sized for
+    args.topology = gin_config.macro("POD_TOPOLOGY")
+  # A run's MODEL_DIR and task are not needed to compile its step: placeholders when unset.
+  return aot_compile.main(args, gin_config.model_config(), gin_config.train_config(
+      fill={"model_dir": "unused-by-t5lite-compile",
+            "mixture_or_task_name": "unused-by-t5lite-compile"}))
+
+
+def _initialize(args) -> None:
+  """The multi-host runtime, from flags or the cluster; before anything touches a device."""
+  distributed.initialize(distributed.resolve(
+      args.coordinator_address, args.num_processes, args.process_id, os.environ),
+      args.initialization_timeout)
+
+
+def _plain_verb(verb: str, argv: list[str]) -> int:
+  import importlib
+  return importlib.import_module(PLAIN_VERBS[verb][1]).main(argv)
+
+
+def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
+  """Runs one verb; returns its exit code. tune_cpu_host: the caller owns the process, so
+  train / eval / infer / smoke / bench may set it up for CPU work (t5lite.runtime.cpu_host):
+  the `t5lite` command does; tests calling main() in-process do not."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    if argv[:1] == ["launch"]:  # gin flags after its `--` belong to the verb it launches
+      return _plain_verb("launch", argv[1:])
+    gin_files, bindings, rest = gin_config.split_gin_flags(argv)
+    if rest and rest[0] in PLAIN_VERBS:  # their modules parse their own flags, --help included
+      if gin_files or bindings:
+        raise gin_config.GinConfigError(f"t5lite {rest[0]} takes no gin flags")
+      return _plain_verb(rest[0], rest[1:])
+    args = _parser().parse_args(rest)
+    takes_gin = args.verb in GIN_VERBS or args.verb in ("smoke", "compile")
+    if (gin_files or bindings) and not takes_gin:
+      raise gin_config.GinConfigError(f"t5lite {args.verb} takes no gin flags")
+    if takes_gin:
+      gin_config.parse(gin_files, bindings)
+    if args.verb == "train":
+      # SIGTERM is a flag from here on, startup included: the trainer acts on it (exit 42).
+      with preemption.SIGTERM:
+        _initialize(args)
+        _tune(tune_cpu_host)
+        return _train(args)
+    if args.verb in GIN_VERBS:
+      _initialize(args)
+    if args.verb in (*GIN_VERBS, "smoke", "bench"):
+      _tune(tune_cpu_host)
+    if args.verb == "smoke":
+      return _smoke(args)
+    if args.verb == "compile":
+      return _compile(args)
+    if args.verb == "eval":
+      return _eval(args)
+    if args.verb == "infer":
+      return _infer(args)
+    if args.verb in ("tasks", "cache"):
+      return _data_verb(args)
+    if args.verb == "plot":
+      from t5lite.train import plot
+      return plot.main(args.args)
+    if args.verb == "bench":
+      import importlib  # each benchmark loads only what it measures
+      return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
+    raise AssertionError(f"unhandled verb {args.verb}")
+  except USER_ERRORS as e:  # a setup mistake: its message alone; a bug keeps its traceback
+    if not isinstance(e, PATH_ERRORS) and e.errno not in ENVIRONMENT_ERRNOS:
+      raise
+    print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+
+
+def _tune(wanted: bool) -> None:
+  """CPU dispatch and heap settings (t5lite.runtime.cpu_host), after the job formed and
+  before JAX makes its backends; T5LITE_CPU_TUNING=0 turns them off."""
+  if wanted:
+    from t5lite.runtime import cpu_host
+    cpu_host.tune()
+
+
+def _one_line(error: Exception) -> str:
+  """A ConfigError's message; an OSError's path(s) and errno text, e.g. '/data/x: Permission
+  denied' (its str() reads '[Errno 13] Permission denied: ...')."""
+  if isinstance(error, OSError) and not isinstance(error, ConfigError) and error.strerror:
+    paths = [os.fsdecode(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{' -> '.join(paths) or 'an OS call'}: {error.strerror}"
+  text = str(error) or type(error).__name__
+  return text if isinstance(error, ConfigError) else " ".join(text.split())
+
+
+def _prog(argv: list[str]) -> str:
+  """'t5lite VERB' for the first verb named in argv (error lines name it), else 't5lite'."""
+  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "plot", "compile"}
+  return " ".join(["t5lite"] + [a for a in argv if a in verbs][:1])
+
+
+def console_main() -> None:
+  """The `t5lite` command (and `python -m t5lite.cli`): main(), then exit with its code. A
+  failed run (exit 2: a full disk, say) exits at once, streams flushed, without waiting for
+  background threads: a checkpoint write the disk refused can leave one of orbax's writer
+  threads blocked, which would keep the process from ever ending. In a multi-process job the
+  processes leave the coordination service together first (distributed.leave_job)."""
+  code = main(tune_cpu_host=True)
+  if code == 2:
+    distributed.leave_job()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -1,0 +1,1 @@
+"""Feature converters: task examples -> fixed-length model rows (packing, head rows)."""

@@ -1,0 +1,1 @@
+"""Vocabularies: text <-> ids (SentencePiece, bytes, WordPiece, byte-level BPE)."""

@@ -1,0 +1,1 @@
+"""jax.export serving artifacts and their stand-alone loader."""

@@ -1,0 +1,1 @@
+"""Utilities below every layer that are not data code: atomic writes, argument checks."""
