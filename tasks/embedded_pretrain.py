@@ -27,7 +27,8 @@ and span features on to the model (EncoderOnlyFeatureConverter).
 from __future__ import annotations
 
 from t5lite.data import preprocessors as pp
-from t5lite.data.objectives.masking import masked_lm_preprocessors, masking_step
+from t5lite.data.objectives.chains import mlm_preprocessors
+from t5lite.data.objectives.masking import masking_step
 from t5lite.data.registry import CACHE_POINT, TaskRegistry, add_task
 from t5lite.data.objectives.sentence_pairs import (full_sentences_preprocessors,
                                         sentence_pair_preprocessors, tokenize_sentences)
@@ -52,10 +53,10 @@ def register() -> None:
            [*_SENTENCES, *full_sentences_preprocessors(), masking_step("token")])
   add_task("stdlib_spanbert_pretrain", SOURCES, MLM_FEATURES,
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
-            *masked_lm_preprocessors("span", add_cls_sep=True)])
+            *mlm_preprocessors(kind="span", add_cls_sep=True)])
   add_task("stdlib_electra_pretrain", SOURCES, MLM_FEATURES,
            [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
-            *masked_lm_preprocessors("token", add_cls_sep=True, mask_rate=MASK_RATE,
+            *mlm_preprocessors(kind="token", add_cls_sep=True, mask_rate=MASK_RATE,
                                      random_rate=0.0, keep_rate=1.0 - MASK_TOKEN_RATE)])
 
 

@@ -182,3 +182,16 @@ def test_masking_step_keeps_other_features_and_adds_cls_sep():
   assert out["targets"][0] == CLS and out["targets"][-1] == SEP and len(out["inputs"]) == 22
   with pytest.raises(ConfigError, match="unknown kind"):
     masking.masking_step("spans")
+
+
+def test_one_mlm_chain_takes_every_masking_as_its_kind():
+  """mlm_preprocessors is the one MLM chain: kind picks a masking variant; options that only
+  the default token masking has are refused for the variants, and unknown kinds by name."""
+  from t5lite.data.objectives.chains import mlm_preprocessors
+  from t5lite.errors import ConfigError
+  steps = mlm_preprocessors(kind="span", add_cls_sep=True)
+  assert steps[-1].__name__ == "masking_step(span)"
+  with pytest.raises(ConfigError, match="kind=None"):
+    mlm_preprocessors(kind="span", mask_id=5)
+  with pytest.raises(ConfigError, match="unknown kind 'spans'"):
+    mlm_preprocessors(kind="spans")

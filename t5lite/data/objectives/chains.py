@@ -8,7 +8,8 @@ Each chain follows `tokenize, CACHE_POINT` in a task whose text sits in `targets
   prefix LM:       concatenate, split into min(inputs, targets) - 1 tokens, random split -> EOS
                    on both (both halves always fit: the converter never cuts a token)
   MLM:             concatenate, split into `inputs`-length pieces (or `[CLS] piece [SEP]`),
-                   BERT 80/10/10 masking
+                   BERT 80/10/10 masking of tokens, or of whole words, n-grams or spans
+                   (the one MLM chain: mlm_preprocessors, its `kind` picks the masking)
   text infilling:  concatenate, split, BART span infilling -> EOS on the targets
 Per-example randomness comes from the pipeline's per-example rng (deterministic, resumable);
 span corruption draws from one generator per group of 128 documents, seeded the same way.
@@ -19,6 +20,7 @@ import grain
 import numpy as np
 
 from t5lite.data.objectives import span_corruption as sc
+from t5lite.data.objectives.masking import masking_step
 from t5lite.data.objectives import token_objectives as objectives
 from t5lite.data.preprocessors import append_eos, eos_id, stream_preprocessor
 from t5lite.errors import ConfigError
@@ -46,8 +48,10 @@ class _SplitGroup(grain.experimental.FlatMapTransform):
     self.length = length
 
   def flat_map(self, documents):
-    tokens = np.concatenate([np.asarray(d["targets"], np.int32) for d in documents])
-    return [{"targets": piece} for piece in sc.split_tokens(tokens, self.length)]
+    # One group of T5's reduce_concat_tokens: the array-level concat_and_split over the group.
+    pieces = sc.concat_and_split((np.asarray(d["targets"], np.int32) for d in documents),
+                                 self.length, group_size=None)
+    return [{"targets": piece} for piece in pieces]
 
 
 def concat_and_split(length_fn):
@@ -224,45 +228,59 @@ def prefix_lm_preprocessors() -> list:
   return [select_random_chunk, concat_and_split(room), split, append_eos]
 
 
-def mlm_preprocessors(mask_id: int | None = None, *, add_cls_sep: bool = False,
-                      vocabulary_specials: bool = False, **mlm_kwargs) -> list:
-  """BERT MLM on `inputs`-length pieces: inputs (corrupted), targets (original), weights.
+def mlm_preprocessors(mask_id: int | None = None, *, kind: str | None = None,
+                      add_cls_sep: bool = False, vocabulary_specials: bool = False,
+                      **mlm_kwargs) -> list:
+  """Masked LM on `inputs`-length pieces: inputs (corrupted), targets (original), weights.
 
+  kind: None is BERT's MLM over single tokens by objectives.mlm (T5's specials 0, 1, 2 and the
+    ids above them, unless vocabulary_specials); 'token', 'whole_word', 'ngram' or 'span' are
+    the masking variants of t5lite.data.objectives.masking over the vocabulary's pieces (the
+    vocabulary's special tokens are never chosen; 'span' also gives SpanBERT's boundary
+    features). mlm_kwargs go to the masking (mask_rate, random_rate, keep_rate, ...).
   mask_id: None takes the targets vocabulary's mask_id ([MASK] for BERT's WordPiece;
-    T5's <extra_id_0>, or unk without extra ids).
+    T5's <extra_id_0>, or unk without extra ids). kind=None only.
   add_cls_sep: each piece is `[CLS] tokens [SEP]` (the vocabulary's cls_id and sep_id),
     `inputs` tokens in all, as BERT's create_pretraining_data makes them.
-  vocabulary_specials: never choose any of the vocabulary's special tokens
+  vocabulary_specials: (kind=None) never choose any of the vocabulary's special tokens
     (vocabulary.special_tokens, wherever their ids are) and draw random replacements from
     all other ids, instead of objectives.mlm's special_ids (T5's 0, 1, 2) and the ids above
     them. A BERT task wants both, so that [CLS], [SEP] (and [MASK] typed in the text) are
     never masked nor drawn as a random token.
   Dynamic masking: the pipeline's rng differs per example and epoch, so each pass over the
   data draws new masks (RoBERTa)."""
-  if vocabulary_specials and "special_ids" in mlm_kwargs:
+  name = "mlm_preprocessors" + (f"(kind={kind!r})" if kind else "")
+  if kind is not None:
+    if mask_id is not None or vocabulary_specials:
+      raise ConfigError(f"{name}: mask_id and vocabulary_specials are for kind=None; the "
+                        "masking variants take the vocabulary's [MASK] and special tokens")
+    mask = masking_step(kind, add_cls_sep=add_cls_sep, **mlm_kwargs)
+  elif vocabulary_specials and "special_ids" in mlm_kwargs:
     raise ConfigError("mlm_preprocessors: pass special_ids or vocabulary_specials, not both")
-
-  def mask(ex, rng, output_features):
-    vocabulary = output_features["targets"].vocabulary
-    tokens = ex["targets"]
-    if add_cls_sep:
-      if vocabulary.cls_id is None or vocabulary.sep_id is None:
-        raise ConfigError(f"mlm_preprocessors(add_cls_sep=True): the vocabulary "
-                          f"({vocabulary!r}) has no [CLS] / [SEP] token")
-      tokens = np.concatenate([[vocabulary.cls_id], tokens, [vocabulary.sep_id]])
-    kwargs = dict(mlm_kwargs)
-    if vocabulary_specials:
-      kwargs.update(special_ids=tuple(sorted(set(vocabulary.special_tokens.values()))),
-                    random_above_specials=False)
-    return objectives.mlm(tokens, seed=_seed(rng), vocab_size=vocabulary.vocab_size,
-                          mask_id=vocabulary.mask_id if mask_id is None else mask_id, **kwargs)
+  else:
+    def mask(ex, rng, output_features):
+      vocabulary = output_features["targets"].vocabulary
+      tokens = ex["targets"]
+      if add_cls_sep:
+        if vocabulary.cls_id is None or vocabulary.sep_id is None:
+          raise ConfigError(f"mlm_preprocessors(add_cls_sep=True): the vocabulary "
+                            f"({vocabulary!r}) has no [CLS] / [SEP] token")
+        tokens = np.concatenate([[vocabulary.cls_id], tokens, [vocabulary.sep_id]])
+      kwargs = dict(mlm_kwargs)
+      if vocabulary_specials:
+        kwargs.update(special_ids=tuple(sorted(set(vocabulary.special_tokens.values()))),
+                      random_above_specials=False)
+      return objectives.mlm(tokens, seed=_seed(rng), vocab_size=vocabulary.vocab_size,
+                            mask_id=vocabulary.mask_id if mask_id is None else mask_id,
+                            **kwargs)
 
   def room(lengths):
     if not add_cls_sep:
       return lengths["inputs"]
     if lengths["inputs"] < 3:
-      raise ConfigError(f"mlm_preprocessors(add_cls_sep=True): the inputs length "
-                        f"{lengths['inputs']} leaves no room for a token between [CLS] and [SEP]")
+      raise ConfigError(f"{name} with add_cls_sep=True: the inputs length "
+                        f"{lengths['inputs']} leaves no room for a token between [CLS] and "
+                        "[SEP]; use >= 3")
     return lengths["inputs"] - 2
   return [select_random_chunk, concat_and_split(room), mask]
 

@@ -32,8 +32,8 @@ Worked example (span, mask_rate 0.3: 7 non-special tokens, a budget of 2; WordPi
   span_offset  [0  0  1  2  0  0  0  0 0]    (1-based place in the span; 0 outside)
 
 masking_step(kind) is the per-example preprocessor: `targets` (the tokens) -> `inputs`
-(masked), `targets` (original) and `weights` (1.0 on chosen tokens), as mlm_preprocessors
-gives, plus `span_left` / `span_right` / `span_offset` for spans; every other key of the
+(masked), `targets` (original) and `weights` (1.0 on chosen tokens), as the default masking of
+chains.mlm_preprocessors gives (which takes these variants as its `kind`), plus `span_left` / `span_right` / `span_offset` for spans; every other key of the
 example (token_type_ids, sentence_label of sentence pairs) is kept.
 """
 from __future__ import annotations
@@ -45,7 +45,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from t5lite.data.objectives import token_objectives as objectives
-from t5lite.data.objectives.chains import concat_and_split, select_random_chunk
 from t5lite.errors import ConfigError
 
 # How pieces mark words: (prefix, whether a piece with it starts a word or continues one).
@@ -287,21 +286,3 @@ def masking_step(kind: str = "whole_word", *, add_cls_sep: bool = False, **kwarg
     return {**ex, **fn(tokens, rng, table, **kwargs)}
   mask.__name__ = f"masking_step({kind})"
   return mask
-
-
-def masked_lm_preprocessors(kind: str = "whole_word", *, add_cls_sep: bool = True,
-                            **kwargs) -> list:
-  """mlm_preprocessors with another masking: select_random_chunk, concatenate groups of
-  128 documents, split into `inputs`-length pieces (`[CLS] piece [SEP]` with add_cls_sep),
-  mask. The SpanBERT recipe: kind="span" (single segments of the full length)."""
-  _masking(kind)
-
-  def room(lengths):
-    if not add_cls_sep:
-      return lengths["inputs"]
-    if lengths["inputs"] < 3:
-      raise ConfigError(f"masked_lm_preprocessors(add_cls_sep=True): the inputs length "
-                        f"{lengths['inputs']} leaves no room between [CLS] and [SEP]; use >= 3")
-    return lengths["inputs"] - 2
-  return [select_random_chunk, concat_and_split(room),
-          masking_step(kind, add_cls_sep=add_cls_sep, **kwargs)]

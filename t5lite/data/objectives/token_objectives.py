@@ -3,8 +3,9 @@
 Each objective is a pure per-example numpy function of one 1-D token array and a stateless
 `seed` (an int or a sequence of ints such as (task_seed, example_index), fed to
 np.random.default_rng), so any process can recompute any example. Causal LM (GPT) needs no
-function here: `span_corruption.concat_and_split(documents, length)` makes the pieces and the
-feature converter shifts targets right into decoder inputs.
+function here: `span_corruption.concat_and_split(documents, length)` makes the pieces (in a
+task, through chains.causal_lm_preprocessors) and the feature converter shifts targets right
+into decoder inputs.
 """
 from __future__ import annotations
 
