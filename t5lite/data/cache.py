@@ -52,20 +52,13 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   # A temporary name of this process alone: two workers given the same index (or a rerun
   # while a killed one's file lies there) never write into one file.
   atomic.remove_stale(out_dir)
-  shard = os.path.join(out_dir, name + ".array_record")
-  tmp = atomic.temp_path(shard)
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
   count = 0
-  try:
+  with atomic.writing(os.path.join(out_dir, name + ".array_record")) as tmp:
+    writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
     for example in ds:
       writer.write(serialization.msgpack_serialize(dict(example)))
       count += 1
     writer.close()
-    os.replace(tmp, shard)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
   info = {"task": task.name, "split": split, "examples": count, "worker_index": worker_index,
           "num_workers": num_workers, "source_examples": len(source)}
   atomic.write_file(os.path.join(out_dir, name + ".json"), json.dumps(info))

@@ -274,12 +274,11 @@ def _decode_split(source: Task, split: str, key: dict, family, params, entry: st
   vocabulary = source.output_features["targets"].vocabulary
   os.makedirs(entry, exist_ok=True)
   atomic.remove_stale(entry)
-  data = os.path.join(entry, split + ".array_record")
-  tmp = atomic.temp_path(data)  # this process's own name: a concurrent writer never shares it
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
   count = truncated = 0
   dropped: set[str] = set()
-  try:
+  # A temporary name of this process alone: a concurrent writer never shares it.
+  with atomic.writing(os.path.join(entry, split + ".array_record")) as tmp:
+    writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
     while chunk := list(itertools.islice(examples, batch_size)):
       inputs = [np.asarray(ex["inputs"], np.int32)[:lengths["inputs"]] for ex in chunk]
       # Always batch_size rows of the full length: one compiled program for the whole split.
@@ -293,11 +292,6 @@ def _decode_split(source: Task, split: str, key: dict, family, params, entry: st
         writer.write(_record(ex, row, targets, vocabulary, dropped))
         count += 1
     writer.close()
-    os.replace(tmp, data)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
   manifest = {**key, "split": split, "examples": count, "truncated": truncated,
               "dropped_fields": sorted(dropped), "teacher_path": where}
   atomic.write_file(os.path.join(entry, split + ".json"), json.dumps(manifest, indent=1))

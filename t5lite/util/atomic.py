@@ -10,6 +10,7 @@ discards its copy. Temporaries of dead builds are removed by `remove_stale`.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -17,7 +18,7 @@ import secrets
 import shutil
 import socket
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 _HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:40] or "host"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|trash)-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-"
@@ -32,18 +33,28 @@ def temp_path(target: str, kind: str = "tmp") -> str:
   return os.path.join(parent, f".{name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def write_file(target: str, data: bytes | str) -> None:
-  """Writes target whole or not at all (flushed to disk before the rename)."""
+@contextlib.contextmanager
+def writing(target: str) -> Iterator[str]:
+  """A temporary path of this process alone to write `target` at (by any writer: a file, an
+  ArrayRecordWriter, ...): renamed into place when the block ends, removed if it raises.
+
+  Example: `with writing(path) as tmp: write(tmp)` -> path appears whole, or not at all.
+  """
   tmp = temp_path(target)
   try:
-    with open(tmp, "wb") as f:
-      f.write(data.encode("utf-8") if isinstance(data, str) else data)
-      f.flush()
-      os.fsync(f.fileno())
+    yield tmp
     os.replace(tmp, target)
   except BaseException:
     _remove(tmp)
     raise
+
+
+def write_file(target: str, data: bytes | str) -> None:
+  """Writes target whole or not at all (flushed to disk before the rename)."""
+  with writing(target) as tmp, open(tmp, "wb") as f:
+    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def discard(path: str) -> None:
