@@ -1,13 +1,16 @@
 """Shared test setup: compilation cache, 8 fake CPU devices, the `slow` marker, a suite timer.
 
 Environment variables are set before JAX is imported so that test subprocesses inherit them.
-Shared helpers (tiny configs, tree comparisons, logged losses) live in helpers.py; `tiny` and
-`jitted_apply` are re-exported here for tests that import them from conftest.
+Shared helpers (tiny configs, tree comparisons, logged losses) live in the helpers/ package
+(`from helpers import tiny`); shared fixtures in helpers/fixtures.py, loaded as a plugin. Test
+modules import neither conftest nor other test modules (test_suite_layout.py checks).
 """
 import os
 import pathlib
 import time
 
+# helpers.paths.REPO too; not imported from there: importing the helpers package imports JAX,
+# which must come after the environment below.
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # One compilation cache per pytest-xdist worker (gw0, gw1, ...; their test subprocesses
 # inherit it): workers never read an entry the other is writing.
@@ -33,6 +36,7 @@ import pytest  # noqa: E402
 
 from helpers import TINY, jitted_apply, tiny  # noqa: E402,F401 (re-exported)
 
+pytest_plugins = ["helpers.fixtures"]
 _START = time.time()
 
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 from t5lite import cli
 from t5lite.data import describe, pipeline
 from t5lite.util import atomic

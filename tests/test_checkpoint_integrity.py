@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import train_tasks  # noqa: F401 (registers train_test_sc, train_test_copy)
-from conftest import REPO
+from helpers.paths import REPO
 from helpers import (assert_trees_equal, checkpoint_params, metrics_records, quiet, tiny,
                      train_config, tree_digest)
 from t5lite.data.registry import Feature, TaskRegistry, add_task

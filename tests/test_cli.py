@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 from t5lite import cli
 
 

@@ -18,6 +18,7 @@ import transformers
 import t5lite
 import train_tasks  # noqa: F401 (registers train_test_mlm)
 from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_config
+from helpers.distill import log_softmax, wrap, write_teacher
 from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.interop import params_only
@@ -34,11 +35,6 @@ from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import train
 
 RNG = np.random.RandomState(0)
-
-
-def log_softmax(x):
-  x = x.astype(np.float64)
-  return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
 
 
 # --- the loss terms ----------------------------------------------------------------------------
@@ -84,12 +80,6 @@ def bert(layers, d, heads=4, **changes):
       scale_attention=True, position_encoding="learned", max_position_embeddings=32,
       type_vocab_size=2, embedding_norm=True, tie_output_embedding=True, init_std=0.05),
       **changes})
-
-
-def write_teacher(path, config, seed=0):
-  params = family_of(config).init_params(seed)
-  params_only.write_model_dir(str(path), config, params, step=0, vocabulary=None)
-  return params
 
 
 def mlm_batch(rows=3, length=14, seed=1):
@@ -340,10 +330,6 @@ def test_a_bfloat16_teacher_is_loaded_in_bfloat16_with_its_values(tmp_path):
   for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
     assert a.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
-
-
-def wrap(student_config, options):
-  return Distillation.wrap(family_of(student_config), options, teacher_lib.read(options)[1])
 
 
 def load_teacher(options):

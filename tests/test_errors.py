@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 from t5lite import cli
 from t5lite.data import describe
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError

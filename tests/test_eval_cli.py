@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train_tasks
-from conftest import REPO
+from helpers.paths import REPO
 from helpers import quiet, tiny, train_config
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry

@@ -2,10 +2,10 @@
 import jax
 import pytest
 
+from helpers.gin_files import MODEL_FILES
 from t5lite.cli import gin_config
 from t5lite.models import abstract_params, count_params
 
-MODEL_FILES = [f for f in gin_config.shipped_gin_files() if f.startswith("gin/models/")]
 
 # Parameter counts of the published T5 checkpoints, as HF reports them.
 PUBLISHED = {

@@ -27,8 +27,8 @@ from t5lite.interop import limits
 from t5lite.interop.t5x import checkpoints as t5x
 from t5lite.interop.t5x import files as t5x_files
 from t5lite.models.params import init_params
-from test_t5x_import import (DECODER_LAYER, ENCODER_LAYER, MLP, STEP, V11,
-                             write_msgpack_checkpoint, t5x_target)
+from helpers.t5x_checkpoints import (DECODER_LAYER, ENCODER_LAYER, MLP, STEP, V11,
+                                     write_msgpack_checkpoint, t5x_target)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -83,7 +83,7 @@ def hf_count(model_class: str, config) -> int:
 
 
 def test_every_landmark_file_ships_and_test_gin_builds_it():
-  from test_gin import MODEL_FILES  # test_gin parametrizes over these
+  from helpers.gin_files import MODEL_FILES  # test_gin parametrizes over these
   assert set(FAMILIES) <= set(MODEL_FILES)
   assert set(PUBLISHED) <= set(FAMILIES) and set(HF_COUNTS) == set(PUBLISHED)
 

@@ -15,6 +15,7 @@ from t5lite.errors import ConfigError
 from t5lite.families import family_of
 from t5lite.models import moe_losses
 from t5lite.models.config import ModelConfig
+from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe import combine, dispatch, route
 from t5lite.models.moe_config import MoeConfig
 
@@ -278,12 +279,12 @@ def test_electra_pairs_and_distilled_students_train_their_routers(tmp_path):
   router sums count both networks' choices), and a distilled MoE student adds its router
   losses to the distillation loss (the frozen MoE teacher's routing adds nothing)."""
   from helpers import tiny_decoder_only, tiny_encoder_only
-  from test_distillation import log_softmax, wrap, write_teacher
+  from helpers.distill import log_softmax, wrap, write_teacher
   from t5lite.families.distillation import DistillationConfig
   rng = np.random.default_rng(6)
   moe = MoeConfig(num_experts=2, top_k=2, encoder_sparse_step=1)
-  electra = tiny_encoder_only(family="electra", replaced_token_detection=True,
-                              generator_hidden_fraction=0.5, moe=moe)
+  electra = tiny_encoder_only(family="electra", moe=moe,
+                              electra=ElectraConfig(generator_hidden_fraction=0.5))
   tokens = rng.integers(3, 60, (2, 10)).astype(np.int32)
   weights = (rng.random((2, 10)) < 0.3).astype(np.float32)
   batch = {"encoder_input_tokens": tokens, "encoder_segment_ids": np.ones_like(tokens),

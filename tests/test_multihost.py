@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
-from conftest import REPO
+from helpers.paths import REPO
 from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli
 from t5lite.cli import gin_config

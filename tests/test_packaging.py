@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers.paths import REPO
 
 PROBE = """
 import importlib.util, json

@@ -24,7 +24,7 @@ import transformers
 
 import t5lite
 from helpers import random_hf_models
-from conftest import REPO
+from helpers.paths import REPO
 from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.interop.peft import lora_merge

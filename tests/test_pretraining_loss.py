@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import t5lite  # noqa: E402
 from t5lite.families import family_of  # noqa: E402
-from test_hf_encoders import make_hf_model  # noqa: E402
+from helpers.hf_models import make_hf_model  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["bert", "albert_one_group", "albert_two_groups"])

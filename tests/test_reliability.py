@@ -1,7 +1,7 @@
 """Faults a training run meets in the wild, end to end (1): SIGKILLs at random points (startup,
 mid-save, right after a commit, retention cleanup), and every kind of file of a checkpoint step
 damaged three ways. The faulty runs are compared bitwise with the tiny uninterrupted reference
-run of reliability_run.py. docs/reliability.md says what each outcome promises.
+run of helpers/runs.py. docs/reliability.md says what each outcome promises.
 """
 import collections
 import os
@@ -20,12 +20,26 @@ from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.runtime.checkpoints import CheckpointConfig, CorruptCheckpointError
-from reliability_run import (  # noqa: F401 (gin_file, reference, saved: fixtures)
+from helpers.runs import (
     KEEP, NEWEST, PERIOD, PREVIOUS, STEPS, TMP_MARK, assert_same_run_as, committed, console_noise,
-    gin_file, listing, logged_steps, one_error_line, reference, saved, spawn, tmp_folders,
-    train_argv)
+    listing, logged_steps, one_error_line, spawn, tmp_folders, train_argv)
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gin_file(reliability_gin_file):
+  return reliability_gin_file
+
+
+@pytest.fixture(scope="module")
+def reference(reliability_reference):
+  return reliability_reference
+
+
+@pytest.fixture(scope="module")
+def saved(reliability_saved):
+  return reliability_saved
 
 
 # --- 1. SIGKILL at random points ------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Faults a training run meets in the wild, end to end (2): two trainers on one MODEL_DIR, a
 full disk, a read-only MODEL_DIR. Mounts (tmpfs, read-only bind) need root or CAP_SYS_ADMIN;
 without them the disk-full and read-only tests inject the same errors instead. The reference
-run is reliability_run.py's; docs/reliability.md says what each outcome promises.
+run is helpers/runs.py's; docs/reliability.md says what each outcome promises.
 """
 import errno
 import json
@@ -18,11 +18,26 @@ from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
-from reliability_run import (  # noqa: F401 (gin_file, reference, saved: fixtures)
-    NEWEST, PERIOD, TMP_MARK, assert_same_run_as, committed, gin_file, listing, mount,
-    one_error_line, reference, saved, spawn, train_argv, umount)
+from helpers.runs import (
+    NEWEST, PERIOD, TMP_MARK, assert_same_run_as, committed, listing, mount, one_error_line,
+    spawn, train_argv, umount)
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gin_file(reliability_gin_file):
+  return reliability_gin_file
+
+
+@pytest.fixture(scope="module")
+def reference(reliability_reference):
+  return reliability_reference
+
+
+@pytest.fixture(scope="module")
+def saved(reliability_saved):
+  return reliability_saved
 
 
 # --- 3. two writers -------------------------------------------------------------------------

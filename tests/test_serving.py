@@ -16,7 +16,7 @@ import pytest
 import safetensors.numpy
 from flax import traverse_util
 
-from conftest import REPO
+from helpers.paths import REPO
 from helpers import tiny
 from t5lite import cli
 from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE

@@ -17,7 +17,7 @@ PYTHONPATH), so the trainer runs exactly as a user's `t5lite train` would.
                         byte tokens after a 2 ("[CLS]"), accuracy (head='sequence_classification',
                         num_labels=2)
 
-Their model configs are in helpers.py (tiny, tiny_decoder_only, tiny_encoder_only).
+Their model configs are in helpers/__init__.py (tiny, tiny_decoder_only, tiny_encoder_only).
 """
 import numpy as np
 
