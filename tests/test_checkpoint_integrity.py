@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import train_tasks  # noqa: F401 (registers train_test_sc, train_test_copy)
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 from helpers import (assert_trees_equal, checkpoint_params, metrics_records, quiet, tiny,
                      train_config, tree_digest)
 from t5lite.data.registry import Feature, TaskRegistry, add_task
@@ -321,9 +321,8 @@ def test_export_of_a_flipped_checkpoint_exits_2_in_one_line(reference, tmp_path)
   copy = tmp_path / "run"
   shutil.copytree(reference, copy)
   flip_byte(array_file(copy / "checkpoints" / "6"))
-  process = subprocess.run([sys.executable, "-m", "t5lite.cli", "export", "hf", "--checkpoint",
-                            str(copy), "--out", str(tmp_path / "hf")], cwd=REPO,
-                           capture_output=True, text=True)
+  process = run_t5lite("export", "hf", "--checkpoint", copy, "--out", tmp_path / "hf",
+                       timeout=300)
   assert process.returncode == 2, process.stderr
   assert "checkpoint step 6:" in process.stderr and "CRC32C" in process.stderr
   assert "Traceback" not in process.stderr

@@ -1,12 +1,9 @@
 """The t5lite command line: help, the plain-flag verbs, errors, the smoke run."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 from t5lite import cli
 
 
@@ -64,10 +61,8 @@ def test_gin_errors_exit_2_with_the_file(capsys):
 @pytest.mark.slow
 def test_smoke_run_lowers_the_loss_in_a_subprocess():
   """`t5lite smoke`, run as a user would (console script, compilation cache on)."""
-  exe = os.path.join(os.path.dirname(sys.executable), "t5lite")
-  result = subprocess.run(
-      [exe, "smoke", "--gin_file=gin/models/tiny.gin", "--steps=12", "--length=32"],
-      cwd=REPO, capture_output=True, text=True, timeout=600)
+  result = run_t5lite("smoke", "--gin_file=gin/models/tiny.gin", "--steps=12", "--length=32",
+                      console=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "on the embedded text" in result.stdout and "step 12/12" in result.stdout
   match = re.search(r"first \d+ steps ([\d.]+), of the last \d+ ([\d.]+)", result.stdout)

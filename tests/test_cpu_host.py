@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from helpers.cli import run_t5lite
+
 PROBE = """
 import json, os, sys
 import jax
@@ -54,11 +56,10 @@ def test_bench_reports_the_machine_and_the_numbers_do_not_change(tmp_path):
   line names the CPU, the versions and the settings in force."""
   reports = {}
   for tuning in ("1", "0"):
-    out = subprocess.run(
-        [sys.executable, "-m", "t5lite.cli", "bench", "train", "--model", "tiny", "--no_hf",
-         "--repeats", "1", "--steps", "2", "--batch_size", "3", "--inputs_length", "37",
-         "--targets_length", "11"], capture_output=True, text=True, check=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "T5LITE_CPU_TUNING": tuning})
+    out = run_t5lite("bench", "train", "--model", "tiny", "--no_hf", "--repeats", "1",
+                     "--steps", "2", "--batch_size", "3", "--inputs_length", "37",
+                     "--targets_length", "11", env={"T5LITE_CPU_TUNING": tuning}, timeout=300,
+                     expect=0)
     reports[tuning] = json.loads(out.stdout.strip().splitlines()[-1])
   assert reports["1"]["warmup_losses"] == reports["0"]["warmup_losses"]
   machine = reports["1"]["machine"]

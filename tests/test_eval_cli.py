@@ -2,14 +2,13 @@
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 import train_tasks
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 from helpers import quiet, tiny, train_config
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry
@@ -72,12 +71,10 @@ def test_infer_reads_lines_and_jsonl_and_writes_jsonl(model_dir, tmp_path):
   assert [r["inputs"] for r in records] == ["alpha beta gamma", "théta eta", "delta"]
   assert all(isinstance(r["prediction"], str) for r in records)
   # The same through stdin and stdout, in a subprocess, as `echo ... | t5lite infer`.
-  result = subprocess.run(
-      [sys.executable, "-m", "t5lite.cli", "infer", "--gin_file=gin/runs/infer.gin",
-       f"--gin.CHECKPOINT_PATH={model_dir}", "--gin.INPUTS_LENGTH=64",
-       "--gin.MAX_DECODE_LENGTH=8", "--gin.BATCH_SIZE=2"],
-      input=inputs.read_text(encoding="utf-8"), capture_output=True, text=True, cwd=REPO,
-      timeout=300)
+  result = run_t5lite("infer", "--gin_file=gin/runs/infer.gin",
+                      f"--gin.CHECKPOINT_PATH={model_dir}", "--gin.INPUTS_LENGTH=64",
+                      "--gin.MAX_DECODE_LENGTH=8", "--gin.BATCH_SIZE=2",
+                      input=inputs.read_text(encoding="utf-8"), timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert [json.loads(line) for line in result.stdout.splitlines()] == records
   assert "3 inputs decoded" in result.stderr

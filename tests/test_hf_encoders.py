@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ import transformers
 
 import t5lite
 from helpers.hf_models import CASES, SIZES, T, make_hf_model  # noqa: F401
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.interop.hf import layout as hf_layout
@@ -120,11 +118,10 @@ def test_unshared_model_exports_as_one_layer_per_albert_group(saved, loaded, tmp
 @pytest.mark.parametrize("saved", ["albert_two_groups"], indirect=True)
 def test_import_and_export_cli_round_trip(saved, tmp_path):
   _, _, path, (ids, types), reference = saved
-  t5 = [sys.executable, "-m", "t5lite.cli"]
   model_dir, out = str(tmp_path / "model"), str(tmp_path / "hf")
   for argv in (["import", "hf", "--from", path, "--out", model_dir],
                ["export", "hf", "--checkpoint", model_dir, "--out", out]):
-    done = subprocess.run(t5 + argv, cwd=REPO, capture_output=True, text=True)
+    done = run_t5lite(*argv, timeout=300)
     assert done.returncode == 0, done.stderr
     json.loads(done.stdout.strip().splitlines()[-1])  # the one summary line
   model = loads_cleanly(T.AutoModelForPreTraining, out, T.AlbertForPreTraining)

@@ -9,10 +9,7 @@ import contextlib
 import gzip
 import json
 import os
-import subprocess
-import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ from flax import serialization, traverse_util
 
 import t5lite
 from helpers import tiny
+from helpers.cli import run_t5lite
 from t5lite import cli
 from t5lite.data.vocab.vocabularies import train_sentencepiece
 from t5lite.errors import ConfigError
@@ -35,10 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 120):
   """`python -m t5lite.cli ARGS` in a fresh process: (exit code, stderr, seconds)."""
-  start = time.monotonic()
-  result = subprocess.run([sys.executable, "-m", "t5lite.cli", *args], cwd=REPO, timeout=timeout,
-                          capture_output=True, text=True, env={**os.environ, **(env or {})})
-  return result.returncode, result.stderr, time.monotonic() - start
+  result = run_t5lite(*args, env=env, timeout=timeout)
+  return result.returncode, result.stderr, result.seconds
 
 
 # --- T5X ----------------------------------------------------------------------------------------

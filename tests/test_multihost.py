@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
+from helpers import cli as cli_helper
 from helpers.paths import REPO
 from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli
@@ -95,27 +96,26 @@ def free_port() -> int:
 def environment(devices: int, **more) -> dict:
   """This process's environment (so the compilation cache is shared), with `devices` fake CPU
   devices and tests/ importable (MIXTURE_OR_TASK_MODULE = 'train_tasks')."""
-  path = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
-  return {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **more}
+  return cli_helper.environment(devices, tests_on_path=True, env=more)
 
 
-def start(argv: list, devices: int, log, **env) -> subprocess.Popen:
-  return subprocess.Popen([str(a) for a in argv], cwd=REPO, env=environment(devices, **env),
-                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
+def start(argv: list, devices: int, log, script=None, **env) -> subprocess.Popen:
+  """`t5lite ARGV` (or `python SCRIPT ARGV`) with `devices` fake devices, output in log."""
+  return cli_helper.run_t5lite(*argv, script=script, wait=False, devices=devices,
+                           tests_on_path=True, log=log, env=env)
 
 
 def train_argv(gin_file, model_dir, *more) -> list:
-  return [sys.executable, "-m", "t5lite.cli", "train", f"--gin_file={gin_file}",
-          f"--gin.MODEL_DIR={model_dir}", *more]
+  return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
 
 
-def job(argv: list, n: int, devices: int, logs, port=None, counts=None, **env) -> list:
+def job(argv: list, n: int, devices: int, logs, port=None, counts=None, script=None,
+        **env) -> list:
   """n processes of one job on this machine; counts: each one's --num_processes."""
   port = port or free_port()
   return [start(argv + [f"--coordinator_address=127.0.0.1:{port}",
                         f"--num_processes={counts[i] if counts else n}", f"--process_id={i}"],
-                devices, logs / f"process{i}.log", **env) for i in range(n)]
+                devices, logs / f"process{i}.log", script=script, **env) for i in range(n)]
 
 
 def finish(processes: list, logs, timeout: float = 240) -> list[tuple[int, str]]:
@@ -280,12 +280,11 @@ def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, g
 @pytest.mark.slow
 def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, tmp_path):
   model_dir = keep_checkpoint(reference, tmp_path / "run", step=5)
-  launch = subprocess.run(
-      [sys.executable, "-m", "t5lite.cli", "launch", "--kind=local", "--num_hosts=4",
-       "--devices_per_host=1", f"--port={free_port()}", f"--python={sys.executable}", "--",
-       "train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=10",
-       INFER_EVAL],
-      cwd=REPO, env=environment(1), capture_output=True, text=True, timeout=300)
+  launch = cli_helper.run_t5lite(
+      "launch", "--kind=local", "--num_hosts=4", "--devices_per_host=1", f"--port={free_port()}",
+      f"--python={sys.executable}", "--", "train", f"--gin_file={gin_file}",
+      f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=10", INFER_EVAL,
+      devices=1, tests_on_path=True, timeout=300)
   assert launch.returncode == 0, launch.stdout + launch.stderr
   assert "4 processes, 4 devices (1 per process)" in launch.stderr
   assert sorted(logged_losses(model_dir)) == list(range(6, 11))
@@ -305,8 +304,8 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
 @pytest.mark.slow
 def test_a_checkpoint_round_trip_through_two_processes_is_exact(reference, gin_file, tmp_path):
   target = tmp_path / "saved_by_two"
-  processes = job([sys.executable, REPO / "tests" / "multihost_checkpoint.py", gin_file,
-                   reference, target], 2, 2, tmp_path)
+  processes = job([gin_file, reference, target], 2, 2, tmp_path,
+                  script=REPO / "tests" / "multihost_checkpoint.py")
   for code, out in finish(processes, tmp_path):
     assert code == 0, out
   model_config, config = configs(gin_file, tmp_path / "unused")

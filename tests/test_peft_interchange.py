@@ -10,8 +10,6 @@ equals the adapted model; the CLI round trip gives back the same tensors; bad in
 by name."""
 import json
 import os
-import subprocess
-import sys
 import warnings
 
 import jax
@@ -24,7 +22,7 @@ import transformers
 
 import t5lite
 from helpers import random_hf_models
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.interop.peft import lora_merge
@@ -412,13 +410,11 @@ def test_cli_subprocess_round_trip(base, tmp_path):
   peft_adapter(hf_dir, "llama", dict(r=2, target_modules=["q_proj", "v_proj"]),
                str(tmp_path / "adapter"))
   home = base_dir(base, "llama", tmp_path / "base")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   for argv in (["import", "peft", "--from", str(tmp_path / "adapter"), "--base", home,
                 "--out", str(tmp_path / "run")],
                ["export", "peft", "--checkpoint", str(tmp_path / "run"), "--out",
                 str(tmp_path / "out")]):
-    done = subprocess.run([sys.executable, "-m", "t5lite.cli", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = run_t5lite(*argv, timeout=600)
     assert done.returncode == 0, done.stderr
     json.loads(done.stdout.strip().splitlines()[-1])
   before = safetensors.numpy.load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers.cli import run_t5lite
 from helpers.paths import REPO
 from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
@@ -45,11 +46,7 @@ def train_argv(gin_file, model_dir, *more):
 
 
 def spawn(gin_file, model_dir):
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"),
-                                                      os.environ.get("PYTHONPATH", "")])}
-  return subprocess.Popen([sys.executable, "-m", "t5lite.cli",
-                           *train_argv(gin_file, model_dir)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return run_t5lite(*train_argv(gin_file, model_dir), wait=False, tests_on_path=True)
 
 
 def wait_for_step(process, model_dir, step, timeout=240):

@@ -42,3 +42,14 @@ def reliability_saved(reliability_gin_file, reliability_reference):
             for step in (runs.PREVIOUS, runs.NEWEST)}
   checkpointer.close()
   return trainer, states
+
+
+# --- CLI subprocesses ------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def cli_processes():
+  """Kills, at teardown, the processes a test started with run_t5lite(..., wait=False) and left
+  running."""
+  from helpers import cli
+  yield
+  cli.kill_leftovers()

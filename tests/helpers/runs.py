@@ -7,10 +7,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 from helpers import logged_losses, metrics_records
-from helpers.paths import REPO
+from helpers.cli import run_t5lite
 
 STEPS, PERIOD, KEEP = 20, 2, 2
 NEWEST, PREVIOUS = STEPS, STEPS - PERIOD  # the steps a finished run keeps
@@ -42,12 +41,8 @@ def train_argv(gin_file, model_dir, *more):
 
 def spawn(gin_file, model_dir, log_path, *more):
   """`python -m t5lite.cli train` with stdout and stderr in log_path."""
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"),
-                                                      os.environ.get("PYTHONPATH", "")])}
-  with open(log_path, "w") as log:
-    return subprocess.Popen([sys.executable, "-m", "t5lite.cli",
-                             *train_argv(gin_file, model_dir, *more)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+  return run_t5lite(*train_argv(gin_file, model_dir, *more), wait=False, tests_on_path=True,
+                    log=log_path)
 
 
 def listing(folder) -> list[str]:
