@@ -1,4 +1,4 @@
-# `make demo`, `make test` and `make test-fast` set up .venv on first use, then run. Python 3.11+.
+# `make demo`, `make test` and `make test-fast` (-parity, -e2e) set up .venv on first use, then run. Python 3.11+.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
 
-.PHONY: demo test test-fast pod-presets clean
+.PHONY: demo test test-fast test-parity test-e2e pod-presets clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,17 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests -n auto --durations=25
 
-# The edit loop: every test but the slow end-to-end ones (@pytest.mark.slow: CLI subprocesses,
-# multi-host jobs, interrupted runs, long training, benchmarks, the demo configs).
+# The tiers (docs/development.md, "Test tiers"): every test is unit (the default), parity
+# (against torch/transformers/peft) or e2e (subprocesses, long runs); `slow` marks the expensive
+# ones. The edit loop runs the unit tests that are not slow.
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto -m "not slow" --durations=15
+	$(BIN)/python -m pytest tests -n auto -m "unit and not slow" --durations=15
+
+test-parity: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests -n auto -m parity --durations=15
+
+test-e2e: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests -n auto -m e2e --durations=15
 
 # Compiles every pod preset (gin/runs/pods/*.gin) for its TPU topology on this CPU host, one
 # report's JSON line each into runs/pod_presets.jsonl (about an hour on 2 cores).

@@ -1,4 +1,5 @@
-"""Shared test setup: compilation cache, 8 fake CPU devices, the `slow` marker, a suite timer.
+"""Shared test setup: compilation cache, 8 fake CPU devices, the tiers (unit, parity, e2e) and
+the `slow` marker, a suite timer.
 
 Environment variables are set before JAX is imported so that test subprocesses inherit them.
 Shared helpers (tiny configs, tree comparisons, logged losses) live in the helpers/ package
@@ -40,10 +41,37 @@ pytest_plugins = ["helpers.fixtures"]
 _START = time.time()
 
 
+TIERS = ("unit", "parity", "e2e")
+
+
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers", "slow: end to end (CLI subprocesses, multi-host jobs, interrupted runs, long "
-      "training, benchmarks, the demo configs); `make test-fast` deselects them")
+      "markers", "unit: the default tier: in-process, no torch/transformers/peft; "
+      "`make test-fast` runs those not also marked slow")
+  config.addinivalue_line(
+      "markers", "parity: compares with torch / transformers / peft (`make test-parity`)")
+  config.addinivalue_line(
+      "markers", "e2e: end to end: CLI subprocesses, multi-host jobs, interrupted runs, long "
+      "training, benchmarks, packaging (`make test-e2e`)")
+  config.addinivalue_line(
+      "markers", "slow: expensive (every e2e test, and the large variants of unit and parity "
+      "tests); `make test-fast` deselects them")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the default tier must be there by then
+def pytest_collection_modifyitems(config, items):
+  """Every test gets exactly one tier: its own marker (the test's, its class's or its
+  module's pytestmark), else `unit`. Two tiers on one test is a collection error."""
+  wrong = []
+  for item in items:
+    tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+    if not tiers:
+      item.add_marker(pytest.mark.unit)
+    elif len(tiers) > 1:
+      wrong.append(f"{item.nodeid}: {sorted(tiers)}")
+  if wrong:
+    raise pytest.UsageError("tests with more than one tier (unit, parity, e2e):\n"
+                            + "\n".join(wrong))
 
 
 @pytest.fixture

@@ -316,6 +316,7 @@ def test_embedded_data_is_rebuilt_after_a_killed_build(tmp_path, monkeypatch):
   _assert_same_as_reference(directory, reference)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_embedded_build_sigkilled_midway_is_rebuilt(tmp_path, monkeypatch):
   reference = _fresh_build(tmp_path, monkeypatch)

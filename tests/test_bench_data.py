@@ -68,6 +68,7 @@ def test_run_reports_positive_figures():
   assert bench.TASK_NAME not in bench.TaskRegistry.names()  # the run cleans up after itself
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_main_ends_with_one_json_line(capsys):
   assert bench.main(["--inputs_length", "32", "--batch_size", "2", "--repeats", "1",

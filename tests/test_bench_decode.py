@@ -14,6 +14,7 @@ FIELDS = ("ratio_vs_hf", "greedy_ratio_vs_hf", "beam_ratio_vs_hf", "t5lite_greed
 CONFIG = tiny(vocab_size=256, num_heads=2, d_kv=16)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_main_ends_with_one_json_line(capsys):
   assert bench.main(["--batch_size", "2", "--inputs_length", "8", "--max_new_tokens", "4",
@@ -29,6 +30,7 @@ def test_main_ends_with_one_json_line(capsys):
   assert not any(line.startswith("{") for line in lines[:-1])
 
 
+@pytest.mark.parity
 def test_both_sides_decode_the_same_greedy_tokens(tmp_path):
   import t5lite
   model = hf_t5_decode.random_model(CONFIG, seed=1)
@@ -51,6 +53,7 @@ def test_peak_rss_increase_sees_what_a_call_allocates():
   assert bench.peak_rss_increase_mb(lambda: None) < 8
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_memory_mode_ends_with_one_json_line(capsys):
   """--memory: each params layout decoded in its own subprocess, one JSON line of figures."""

@@ -6,6 +6,8 @@ import pytest
 
 from t5lite.bench import moe
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.slow
 def test_dense_and_switch_runs_are_reported_side_by_side(tmp_path, capsys):

@@ -68,6 +68,7 @@ def test_bad_methods_are_refused(capsys, tmp_path):
   assert "qlora" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_finetune_part_reports_rouge_per_method(capsys, tmp_path):
   code, _, report = run_bench(capsys, tmp_path, "--methods", "full,lora",

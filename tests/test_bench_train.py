@@ -18,6 +18,7 @@ TINY_ARGS = ["--model", "tiny", "--batch_size", "2", "--inputs_length", "32",
              "--targets_length", "8", "--steps", "2", "--repeats", "1"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_pretrain_main_prints_one_json_line_and_both_sides_agree(capsys):
   assert bench.main(TINY_ARGS) == 0
@@ -34,6 +35,7 @@ def test_pretrain_main_prints_one_json_line_and_both_sides_agree(capsys):
   assert any(line.startswith("ratio t5lite / HF") for line in out[:-1])  # the table
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_finetune_packs_for_t5lite_and_pads_the_same_examples_for_hf():
   config = bench.model_config("tiny")
@@ -46,6 +48,7 @@ def test_finetune_packs_for_t5lite_and_pads_the_same_examples_for_hf():
   assert report["steps_per_run"]["t5lite"] == 2
 
 
+@pytest.mark.parity
 def test_unpack_and_pad_examples():
   packed = {"encoder_input_tokens": np.array([[7, 8, 1, 9, 1, 0]]),
             "encoder_segment_ids": np.array([[1, 1, 1, 2, 2, 0]]),
@@ -65,6 +68,7 @@ FAMILY_KEYS = ("bench", "family", "tokens_per_s", "hf_tokens_per_s", "ratio_vs_h
                "others_cpu_fraction", "config", "length", "batch_size")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_family_bench_prints_one_json_line_and_both_sides_agree(family, capsys):

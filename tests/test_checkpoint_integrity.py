@@ -269,6 +269,7 @@ def reference(tmp_path_factory):
   return model_dir
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_refused_resume_leaves_model_dir_byte_identical(reference, tmp_path):
   copy = tmp_path / "run"
@@ -291,6 +292,7 @@ def test_a_refused_resume_leaves_model_dir_byte_identical(reference, tmp_path):
   assert not os.path.exists(tmp_path / "ft")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_damaged_newest_step_is_retrained_in_place_bitwise(reference, tmp_path):
   import shutil
@@ -315,6 +317,7 @@ def test_a_damaged_newest_step_is_retrained_in_place_bitwise(reference, tmp_path
   assert train(MODEL, run_config(copy), log=quiet).step == 6
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_export_of_a_flipped_checkpoint_exits_2_in_one_line(reference, tmp_path):
   import shutil
@@ -329,6 +332,7 @@ def test_export_of_a_flipped_checkpoint_exits_2_in_one_line(reference, tmp_path)
   assert not os.path.exists(tmp_path / "hf" / "model.safetensors")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_nonfinite_stop_saves_the_last_good_state_and_skip_stops_past_a_fraction(tmp_path):
   explode = OptimizerConfig(name="adamw", schedule=ScheduleConfig(name="constant", value=1e30,

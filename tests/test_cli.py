@@ -58,6 +58,7 @@ def test_gin_errors_exit_2_with_the_file(capsys):
   assert "takes no gin flags" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_smoke_run_lowers_the_loss_in_a_subprocess():
   """`t5lite smoke`, run as a user would (console script, compilation cache on)."""

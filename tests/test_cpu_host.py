@@ -50,6 +50,7 @@ def test_too_late_changes_nothing():
   assert "before tune()" in late["tuned"]["why_not"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_reports_the_machine_and_the_numbers_do_not_change(tmp_path):
   """The same tiny train steps with and without the settings: bitwise equal losses; the JSON

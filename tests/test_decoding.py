@@ -242,6 +242,7 @@ def make_hf_model(seed=0, vocab=101):
                eos_token_id=1)
 
 
+@pytest.mark.parity
 def test_greedy_matches_hf_generate(tmp_path):
   model = make_hf_model()
   # Make EOS the greedy choice somewhere, so stopping and padding are compared too.
@@ -306,6 +307,7 @@ def test_beam_search_equals_a_cache_free_reference(alpha):
       ours, reference_beam_search(config, eos_params, inputs, 3, MAX, alpha))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_generate_and_score_inside_a_mesh():
   """Sharded params (logical axis rules over a data x tensor mesh of fake CPU devices)."""

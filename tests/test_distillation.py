@@ -118,6 +118,7 @@ def hf_view(config, params, tmp_path, name):
   return run
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("student_width", [24, 32])
 def test_the_whole_loss_equals_one_rederived_from_hf_outputs(student_width, tmp_path):
   """Hard MLM loss, soft loss at T=2 over every real token, hidden / embedding MSE through the
@@ -243,6 +244,7 @@ def run(model_dir, model, teacher, steps=6, **weights):
                                    distillation=distill), log=quiet)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_distillation_run_trains_the_student_and_leaves_the_teacher_unchanged(tmp_path):
   teacher_config = tiny_encoder_only(num_encoder_layers=4, type_vocab_size=2)

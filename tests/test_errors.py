@@ -61,6 +61,7 @@ def test_a_bug_is_not_taken_for_a_setup_mistake(bug, monkeypatch, capsys):
   assert "error:" not in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_bug_in_training_exits_1_with_its_traceback(tmp_path):
   """As a user runs it: the trainer raising a plain ValueError ends in a traceback and exit 1."""

@@ -58,6 +58,7 @@ def test_eval_writes_metrics_and_predictions(model_dir, capsys):
   assert all(r["score"] < 0 for r in records)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_infer_reads_lines_and_jsonl_and_writes_jsonl(model_dir, tmp_path):
   inputs = tmp_path / "inputs.txt"

@@ -59,6 +59,7 @@ def inputs(seed, vocab=384):
   return x
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained, tmp_path):
   out = tmp_path / "hf"
@@ -91,6 +92,7 @@ def test_export_hf_of_a_trained_model_loads_in_transformers_and_matches(trained,
   assert vocabularies.load_vocabulary(back) == vocab
 
 
+@pytest.mark.parity
 def test_v1_0_tied_relu_layout_and_sharded_weights(tmp_path):
   config = tiny(vocab_size=384, **V1_0)
   params = init_params(config, 3)
@@ -124,6 +126,7 @@ def stdlib_text():
   return "\n".join(inspect.getdoc(m) or "" for m in modules)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("model_type,normalization", [
     ("unigram", "identity"), ("bpe", "identity"), ("unigram", "nmt_nfkc")])
 def test_tokenizer_json_encodes_like_the_sentencepiece_vocabulary(model_type, normalization,
@@ -160,6 +163,7 @@ def test_tokenizer_json_encodes_like_the_sentencepiece_vocabulary(model_type, no
   assert fallback > 10  # the sample really exercised byte fallback
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trained, tmp_path):
   config, params, step = checkpoint_params(trained)
@@ -188,6 +192,7 @@ def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trai
   assert result.step == step + 2 and np.isfinite(list(result.losses.values())).all()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_exports_never_write_into_a_non_empty_folder(trained, tmp_path, capsys):
   (tmp_path / "keep.txt").write_text("mine")
@@ -209,6 +214,7 @@ def test_variants_without_an_hf_layout_are_refused_by_name(tmp_path, capsys):
   assert "position_encoding='rope'" in capsys.readouterr().err
 
 
+@pytest.mark.parity
 def test_untrusted_or_damaged_weight_files_are_refused_naming_the_file(tmp_path):
   config = tiny(vocab_size=384)
   source = tmp_path / "hf"

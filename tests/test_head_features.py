@@ -171,6 +171,7 @@ def test_multiple_choice(vocab):
   assert hf.class_postprocess(np.array([0.1, 2.0, -1.0]), example=out) == 1
 
 
+@pytest.mark.parity
 def test_entity_f1_matches_seqeval():
   seqeval = pytest.importorskip("seqeval.metrics")
   rng = np.random.default_rng(1)

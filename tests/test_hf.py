@@ -13,6 +13,8 @@ import t5lite
 from helpers import assert_trees_equal, hf_t5, tiny
 from t5lite.interop.hf import checkpoints as hf_export
 
+pytestmark = pytest.mark.parity
+
 # (name, T5Config kwargs, untied): v1.0-style tied ReLU, v1.1-style untied gated-GELU, and
 # odd shapes (num_heads * d_kv != d_model, gated-SiLU, asymmetric depth, other buckets).
 HF_CONFIGS = {

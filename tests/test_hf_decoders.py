@@ -20,6 +20,8 @@ from t5lite.interop.hf import checkpoints as hf_export
 from t5lite.interop.hf import layout as hf_layout
 from t5lite.models.config import ModelConfig
 
+pytestmark = pytest.mark.parity
+
 T = transformers
 N_POSITIONS = 24  # GPT-2's learned table; the decoding test reaches its last row
 # name: (HF config class, config kwargs). Odd widths, 3 heads of 12 (GPT-2); 6 query heads of

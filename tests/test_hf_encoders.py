@@ -23,6 +23,8 @@ from t5lite.interop.hf import layout as hf_layout
 from t5lite.interop import params_only
 from t5lite.models.config import ModelConfig
 
+pytestmark = pytest.mark.parity
+
 
 def inputs(model, seed=1):
   # No id 1: RoBERTa numbers positions past its padding id (1), t5lite always from 0.

@@ -20,6 +20,8 @@ from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
 
+pytestmark = pytest.mark.parity
+
 T = transformers
 LABELS = 3
 LENGTH = 7

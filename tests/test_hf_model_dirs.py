@@ -17,6 +17,8 @@ from t5lite.cli.export import export_hf
 from t5lite.interop.hf.tokenizer import write_hf_tokenizer
 from t5lite.cli.imports import import_hf
 
+pytestmark = pytest.mark.parity
+
 TEXT = "The quick brown fox: it jumps over 12 lazy dogs, naïvely."
 
 

@@ -98,6 +98,7 @@ def test_file_parses_builds_and_names_its_family(path):
     assert count_params(config.replace(scan_layers=True)) == count_params(config)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("path", [slow_if_large(f) for f in PUBLISHED])
 def test_parameter_count_equals_hf(path):
   model_class, _, _ = PUBLISHED[path]
@@ -121,6 +122,7 @@ def test_config_is_what_importing_the_published_config_json_gives(path):
   hf.config_to_hf(ours)
 
 
+@pytest.mark.parity
 def test_tiny_configs_match_hf_counts():
   """bert/tiny and llama_style/tiny are the same models as HF's of the same sizes."""
   bert = model_config("gin/models/bert/tiny.gin")

@@ -66,6 +66,7 @@ def _perturbed(params, seed=1):
                                    .astype(np.float32) for x in leaves])
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_original_transformer_equals_torch_post_norm_layers():
   """Encoder-decoder, post-norm, biases, ReLU, interleaved sinusoids, embeddings times

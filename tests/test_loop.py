@@ -28,6 +28,7 @@ def test_the_host_reads_the_device_only_when_a_log_is_due(tmp_path, monkeypatch)
   assert len(reads) == 3
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_rows_hold_the_step_loss_the_window_mean_and_compile_time_once(tmp_path):
   every = train(MODEL, train_config(tmp_path / "every", train_steps=8, log_period=1),

@@ -261,6 +261,7 @@ def test_bfloat16_activations_stay_close_to_float32():
   assert np.abs(np.asarray(bf16) - fp32).max() < 0.05 * np.abs(fp32).max()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("gin_size, published", [("small", 76_961_152), ("base", 247_577_856)])
 def test_t5_v1_1_param_counts_match_published_and_hf(gin_size, published):
   import torch

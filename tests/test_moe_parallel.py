@@ -29,6 +29,7 @@ def config(model_dir, **changes):
                       checkpoint=CheckpointConfig(period=3), **changes)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_expert_parallel_training_equals_one_device_and_restores_on_other_expert_axes(
     tmp_path):

@@ -239,6 +239,7 @@ def saved_step(preempted) -> int:
 
 # --- 2 processes x 2 devices, SIGTERM, the SLURM recipe --------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_sigterm_to_one_process_saves_one_step_everywhere_and_requeues(preempted):
   assert preempted.task_codes == [PREEMPTED_EXIT_CODE] * 2, preempted.task_logs
@@ -252,6 +253,7 @@ def test_sigterm_to_one_process_saves_one_step_everywhere_and_requeues(preempted
   assert "step 1/1000" not in preempted.task_logs[1]  # only process 0 prints progress
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_losses(reference, preempted):
   step = saved_step(preempted)
@@ -260,6 +262,7 @@ def test_two_processes_give_the_one_process_losses(reference, preempted):
                       range(1, step + 1))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, gin_file,
                                                          tmp_path):
@@ -277,6 +280,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process(reference, preempted, g
 
 # --- 4 processes x 1 device, through `t5lite launch --kind=local` ----------------------------
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, tmp_path):
   model_dir = keep_checkpoint(reference, tmp_path / "run", step=5)
@@ -301,6 +305,7 @@ def test_four_processes_continue_a_one_process_checkpoint(reference, gin_file, t
 
 # --- checkpoints across process counts, bitwise ----------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_checkpoint_round_trip_through_two_processes_is_exact(reference, gin_file, tmp_path):
   target = tmp_path / "saved_by_two"
@@ -408,6 +413,7 @@ def bad_setups(gin_file, tmp_path_factory):
   return results
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_an_unreachable_coordinator_is_named_within_the_timeout(bad_setups):
   [(code, out)] = bad_setups["unreachable"]
@@ -416,6 +422,7 @@ def test_an_unreachable_coordinator_is_named_within_the_timeout(bad_setups):
   assert bad_setups["seconds"] < 100
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_missing_process_ends_the_wait(bad_setups):
   [(code, out)] = bad_setups["missing_process"]
@@ -423,6 +430,7 @@ def test_a_missing_process_ends_the_wait(bad_setups):
   assert "the job did not form within 3s" in out and "not every one of the 2 processes" in out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_mismatched_process_counts_stop_every_process(bad_setups):
   for code, out in bad_setups["counts"]:
@@ -432,6 +440,7 @@ def test_mismatched_process_counts_stop_every_process(bad_setups):
       bad_setups["counts"][0][1]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_mesh_that_does_not_fit_the_devices_stops_every_process(bad_setups):
   for code, out in bad_setups["mesh"]:
@@ -439,6 +448,7 @@ def test_a_mesh_that_does_not_fit_the_devices_stops_every_process(bad_setups):
     assert "mesh (3, 1, 1, 1) needs 3 devices, the 2 processes have 4" in out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_batch_that_does_not_split_evenly_names_both_numbers(bad_setups):
   for code, out in bad_setups["batch"]:

@@ -33,6 +33,8 @@ from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 
+pytestmark = pytest.mark.parity
+
 T = transformers
 V = 97
 # name: (model class, config, AutoModel class). Biases and norms perturbed in make_hf.

@@ -305,6 +305,7 @@ def test_eval_takes_a_base_plus_an_adapter(made, tmp_path, capsys):
 
 # --- t5lite export serving --------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_serving_exports_a_joined_run_and_per_row_adapters(made, tmp_path, capsys):
   from t5lite.interop.serving import serving_loader

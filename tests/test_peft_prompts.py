@@ -23,6 +23,8 @@ from t5lite.families import family_of
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 
+pytestmark = pytest.mark.parity
+
 T = transformers
 V, N = 97, 3
 MODELS = {

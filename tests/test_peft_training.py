@@ -68,6 +68,7 @@ def test_the_train_state_holds_only_the_adapters(tmp_path):
   assert trainer.model_config.adapter == LORA
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(tmp_path):
   config = tiny()
@@ -92,6 +93,7 @@ def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(tmp_path):
   assert losses[-1] < losses[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_stopped_and_resumed_lora_run_equals_one_run_bitwise(tmp_path):
   config = tiny()
@@ -168,6 +170,7 @@ def test_a_soft_prompt_starts_as_the_base_embeddings_of_sampled_tokens(tmp_path)
       (want * 5)[:5])
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("adapter", [PROMPT, PREFIX_MLP], ids=["prompt", "prefix_mlp"])
 def test_prompt_and_prefix_runs_train_store_only_their_adapter_and_resume_bitwise(
@@ -199,6 +202,7 @@ def test_prompt_and_prefix_runs_train_store_only_their_adapter_and_resume_bitwis
   assert np.mean(losses[-2:]) < losses[0]  # a random base: noisy, so the last two
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_sharded_lora_run_on_a_bf16_base_equals_unsharded_params(tmp_path):
   """LoRA's A and B carry their kernels' logical axes: over data 2 x fsdp 2 x tensor 2 fake

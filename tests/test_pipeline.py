@@ -181,6 +181,7 @@ def test_bad_setups_are_explained():
     batches("test_pipe_sc", 0, seed=2, state=state)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_worker_processes_give_the_same_batches_and_states():
   """Rows computed in 2 spawned workers: identical batches, and states that restore

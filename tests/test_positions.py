@@ -8,6 +8,7 @@ from t5lite.models.positions import (add_position_bias, apply_rope, relative_pos
                                      sinusoidal_embedding)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 20), (64, 256)])
 def test_buckets_equal_hf(bidirectional, num_buckets, max_distance):

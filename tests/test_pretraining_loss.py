@@ -11,6 +11,8 @@ import t5lite  # noqa: E402
 from t5lite.families import family_of  # noqa: E402
 from helpers.hf_models import make_hf_model  # noqa: E402
 
+pytestmark = pytest.mark.parity
+
 
 @pytest.mark.parametrize("name", ["bert", "albert_one_group", "albert_two_groups"])
 def test_pretraining_loss_equals_hf(name, tmp_path):

@@ -24,7 +24,7 @@ from helpers.runs import (
     KEEP, NEWEST, PERIOD, PREVIOUS, STEPS, TMP_MARK, assert_same_run_as, committed, console_noise,
     listing, logged_steps, one_error_line, spawn, tmp_folders, train_argv)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

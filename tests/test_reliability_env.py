@@ -22,7 +22,7 @@ from helpers.runs import (
     NEWEST, PERIOD, TMP_MARK, assert_same_run_as, committed, listing, mount, one_error_line,
     spawn, train_argv, umount)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

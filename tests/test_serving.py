@@ -183,6 +183,7 @@ def test_loader_imports_no_t5lite():
   assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_fresh_process_ids_equal_live_model(fresh, live):
   assert fresh["t5lite_imported"] == []
@@ -196,6 +197,7 @@ def test_fresh_process_ids_equal_live_model(fresh, live):
   assert fresh["byte"]["greedy/batch3_wide"] == fresh["byte"]["greedy/batch3"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
   for kind, vocabulary in vocabularies.items():
@@ -207,6 +209,7 @@ def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
   assert "<extra_id_3>" in fresh["sentencepiece"]["decoded"][1]  # sentinels decode as text
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_too_long_inputs_are_refused(fresh):
   for kind in ("sentencepiece", "byte"):
@@ -215,6 +218,7 @@ def test_too_long_inputs_are_refused(fresh):
   assert "17 tokens" in fresh["sentencepiece"]["errors"][0]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_loader_command_line(artifacts, live, vocabularies):
   artifact = artifacts["sentencepiece"][1]

@@ -22,6 +22,8 @@ from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE
 from t5lite.runtime import checkpoints as ckpt_lib
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 120  # enough that a subprocess is still training when the test interrupts it
 RUN_GIN = f"""
 include 'runs/pretrain.gin'

@@ -35,6 +35,7 @@ def config(model_dir, **changes) -> TrainConfig:
   return train_config(model_dir, **{**base, **changes})
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stop_and_resume_equals_one_run_bitwise(tmp_path):
   one = train(MODEL, config(tmp_path / "one"), log=quiet)
@@ -88,6 +89,7 @@ def one_device(tmp_path_factory):
                mesh=make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1]), log=quiet)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("sizes,fsdp", [(s, False) for s in MESHES] + [((1, 8, 1), True)])
 def test_meshes_give_the_one_device_trajectory(tmp_path, one_device, sizes, fsdp):
@@ -106,6 +108,7 @@ def test_meshes_give_the_one_device_trajectory(tmp_path, one_device, sizes, fsdp
                                                      64 // tensor)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path):
   train(MODEL, config(tmp_path, train_steps=3, mesh=MeshConfig(data=8)), log=quiet)
@@ -124,6 +127,7 @@ def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path):
   assert list(result.losses) == [4]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_path):
   train(MODEL, config(tmp_path / "pre", train_steps=3), log=quiet)
@@ -147,6 +151,7 @@ def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_
                         initial_checkpoint_path=str(tmp_path / "pre")), log=quiet)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_mismatched_checkpoint_names_the_parameters(tmp_path):
   train(MODEL, config(tmp_path / "pre", train_steps=1), log=quiet)
@@ -175,6 +180,7 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path):
     train(MODEL.replace(vocab_size=256), config(tmp_path), log=quiet)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_nonfinite_loss_stops_with_a_clear_message_or_is_skipped(tmp_path):
   explode = OptimizerConfig(name="adamw", schedule=ScheduleConfig(name="constant", value=1e30,
@@ -195,6 +201,7 @@ def test_nonfinite_loss_stops_with_a_clear_message_or_is_skipped(tmp_path):
           log=quiet)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_checkpoint_keep_policy_and_corrupt_fallback(tmp_path):
   train(MODEL, config(tmp_path, train_steps=8, log_period=4,
