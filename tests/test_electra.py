@@ -23,6 +23,7 @@ from t5lite.families import family_of
 from t5lite.families.electra import generator_config, with_shared
 from t5lite.models import count_params
 from t5lite.models.config import ModelConfig
+from t5lite.models.electra_config import ElectraConfig
 from t5lite.runtime.partitioning import (MeshConfig, activate, logical_axis_rules, make_mesh,
                                          param_shardings)
 
@@ -88,7 +89,7 @@ def test_each_hf_network_loads_with_its_logits_and_saves_back(case, tmp_path):
   reference = hf_logits(model, ids, types)
   config, params = t5lite.load_hf(str(tmp_path / "hf"))
   assert config.family == "electra"
-  assert config.replaced_token_detection == (case == "discriminator")
+  assert config.electra == (ElectraConfig() if case == "discriminator" else None)
   assert config.embedding_size == (0 if sizes["embedding_size"] == sizes["hidden_size"]
                                    else sizes["embedding_size"])
   close(t5lite.logits(config, params, ids, token_type_ids=types), reference)
@@ -107,7 +108,7 @@ def pair_config(**changes):
       norm="layer", norm_position="post", use_bias=True, scale_attention=True,
       position_encoding="learned", max_position_embeddings=64, type_vocab_size=2,
       embedding_norm=True, tie_output_embedding=True, init_std=0.02, layer_norm_epsilon=1e-12,
-      replaced_token_detection=True, generator_hidden_fraction=0.25), **changes})
+      electra=ElectraConfig(generator_hidden_fraction=0.25)), **changes})
 
 
 def test_the_pair_shares_its_embeddings_and_exports_as_two_hf_directories(tmp_path):
@@ -249,7 +250,8 @@ def test_no_gradient_flows_through_the_sample_but_both_losses_train_the_shared_t
   batch = masked_batch(2, 16, 3, 7)
 
   def grads(weight):
-    family = family_of(config.replace(discriminator_loss_weight=weight))
+    electra = ElectraConfig(generator_hidden_fraction=0.25, discriminator_loss_weight=weight)
+    family = family_of(config.replace(electra=electra))
     return jax.jit(jax.grad(lambda p: family.loss_fn(p, batch, jax.random.key(4))[0]))(params)
   with_disc, without = grads(50.0), grads(0.0)
   for a, b in zip(jax.tree.leaves(with_disc["generator"]), jax.tree.leaves(without["generator"])):
@@ -263,7 +265,7 @@ def test_a_sharded_pair_gives_the_one_device_loss():
   """Both networks sharded by the partitioning rules (data 4 x tensor 2; the generator's
   128 wide, 2 heads of 64): the same loss."""
   config = pair_config(vocab_size=128, d_model=256, num_heads=4, d_kv=64, d_ff=128,
-                       embedding_size=32, generator_hidden_fraction=0.5)
+                       embedding_size=32, electra=ElectraConfig(generator_hidden_fraction=0.5))
   family = family_of(config)
   mesh, rules = make_mesh(MeshConfig(4, 1, 2)), logical_axis_rules()
   shardings = param_shardings(config, mesh, rules)
@@ -293,7 +295,7 @@ def test_published_sizes_give_hf_parameter_counts():
     with torch.device("meta"):
       model_cls = T.ElectraForPreTraining if size == "small" else T.ElectraForMaskedLM
       expected = sum(p.numel() for p in model_cls(hf_config).parameters())
-    network = config.replace(generator_hidden_fraction=0.0) if size == "small" else (
+    network = config.replace(electra=ElectraConfig()) if size == "small" else (
         generator_config(config))
     counts[size] = count_params(network)
     assert counts[size] == expected, (size, counts[size], expected)
@@ -304,11 +306,11 @@ def test_published_sizes_give_hf_parameter_counts():
 
 def test_a_generator_larger_than_the_discriminator_is_refused_with_both_sizes():
   with pytest.raises(ConfigError, match=r"hidden size 96 .*d_model=48.* hidden size 48"):
-    pair_config(generator_hidden_fraction=2.0)
+    pair_config(electra=ElectraConfig(generator_hidden_fraction=2.0))
 
 
 def test_a_lone_discriminator_cannot_pretrain_and_says_what_to_set():
-  family = family_of(pair_config(generator_hidden_fraction=0.0))
+  family = family_of(pair_config(electra=ElectraConfig()))
   params = family.init_params(0)
   with pytest.raises(ConfigError, match="generator_hidden_fraction"):
     family.loss_fn(params, masked_batch(2, 16, 3, 7), None)
@@ -316,11 +318,9 @@ def test_a_lone_discriminator_cannot_pretrain_and_says_what_to_set():
 
 def test_hf_export_refuses_what_electra_cannot_express():
   with pytest.raises(ConfigError, match="embedding_size=0"):
-    hf.config_to_hf(pair_config(generator_hidden_fraction=0.0, embedding_size=48))
+    hf.config_to_hf(pair_config(electra=ElectraConfig(), embedding_size=48))
   with pytest.raises(ConfigError, match="mlp_activation"):  # its MLM head is exact GELU
-    hf.config_to_hf(pair_config(generator_hidden_fraction=0.0, replaced_token_detection=False,
-                                mlp_activation="gelu"))
+    hf.config_to_hf(pair_config(electra=None, mlp_activation="gelu"))
   with pytest.raises(ConfigError, match="multiple_choice"):
-    hf.config_to_hf(pair_config(generator_hidden_fraction=0.0, replaced_token_detection=False,
-                                head="multiple_choice", pooler=True))
+    hf.config_to_hf(pair_config(electra=None, head="multiple_choice", pooler=True))
   assert with_shared({}, {"token_embedder": 1}) == {"token_embedder": 1}

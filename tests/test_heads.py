@@ -12,6 +12,7 @@ from helpers import train_config
 from t5lite.data.converters.heads import HeadFeatureConverter
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
+from t5lite.models.span_boundary_config import SpanBoundaryConfig
 from t5lite.train import warm_start
 from t5lite.train.optimizers import weight_decay_mask
 
@@ -113,7 +114,7 @@ def _span_batch(config, rng):
 
 
 def test_span_boundary_loss_is_mlm_mean_plus_sbo_mean():
-  config = tiny_encoder_only(span_boundary_objective=True, max_span_length=4)
+  config = tiny_encoder_only(span_boundary=SpanBoundaryConfig(max_span_length=4))
   family = family_of(config)
   params = family.init_params(1)
   batch = {k: jnp.asarray(v) for k, v in _span_batch(config, np.random.default_rng(0)).items()}

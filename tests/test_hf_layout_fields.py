@@ -13,6 +13,7 @@ from t5lite.errors import ConfigError
 from t5lite.interop.hf import layout as hf_layout
 from t5lite.cli.imports import hf_vocabulary
 from t5lite.models import abstract_params
+from t5lite.models.span_boundary_config import SpanBoundaryConfig
 
 BASES = {  # tiny config.json of each model type; each layout fills in its defaults
     "t5": dict(model_type="t5", vocab_size=64, d_model=16, d_kv=4, d_ff=24, num_layers=1,
@@ -44,8 +45,8 @@ PERTURBATIONS = [
     ("tie_output_embedding", [True, False]), ("scale_logits", [True, False]),
     ("position_offset", [0, 2]), ("rope_theta", [500.0]),
     ("relative_attention_num_buckets", [8]), ("bos_id", [3]), ("eos_id", [4]),
-    ("prefix_lm", [True]), ("span_boundary_objective", [True]), ("max_span_length", [3]),
-    ("lm_loss_weight", [0.5]),
+    ("prefix_lm", [True]), ("lm_loss_weight", [0.5]),
+    ("span_boundary", [SpanBoundaryConfig(), SpanBoundaryConfig(max_span_length=3)]),
 ]
 # The finetuning heads' options, walked from each head model of each layout (hf_heads).
 HEAD_PERTURBATIONS = [
@@ -56,7 +57,7 @@ HEAD_PERTURBATIONS = [
                       "regression"]),
     ("classifier_dropout", [0.0, 0.3]), ("pooler", [True, False]),
     ("tie_output_embedding", [False]), ("lm_loss_weight", [0.5]),
-    ("span_boundary_objective", [True]), ("max_span_length", [3]),
+    ("span_boundary", [SpanBoundaryConfig(), SpanBoundaryConfig(max_span_length=3)]),
 ]
 
 
@@ -69,7 +70,7 @@ def effective(config):
       "position_encoding", "type_vocab_size", "embedding_size", "embedding_norm",
       "scale_embeddings", "shared_layer_groups", "pooler", "sentence_classes",
       "tie_output_embedding", "scale_logits", "bos_id", "eos_id", "prefix_lm", "head",
-      "problem_type", "lm_loss_weight", "span_boundary_objective")}
+      "problem_type", "lm_loss_weight", "span_boundary")}
   out["encoder_layers"] = c.num_encoder_layers if c.has_encoder else 0
   out["decoder_layers"] = c.num_decoder_layers if c.has_decoder else 0
   if c.shared_layer_groups == c.num_encoder_layers and c.layers_per_group == 1:
@@ -85,8 +86,6 @@ def effective(config):
                position_offset=c.position_offset)
   if c.position_encoding == "rope":
     out["rope_theta"] = c.rope_theta
-  if c.span_boundary_objective:
-    out["max_span_length"] = c.max_span_length
   if c.head:  # no MLM / LM decoder: tying changes nothing
     del out["tie_output_embedding"]
   if c.head in ("sequence_classification", "token_classification"):

@@ -16,6 +16,7 @@ import pytest
 import train_tasks  # noqa: F401 (registers train_test_lm, train_test_prefix_lm, train_test_mlm)
 from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records,
                      quiet, tiny_decoder_only, tiny_encoder_only, train_config)
+from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe_config import MoeConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig
@@ -30,9 +31,9 @@ FAMILIES = {
                   {"inputs": 16, "targets": 16}),
     "mlm": (tiny_encoder_only(), "train_test_mlm", {"inputs": 32}),
     # ELECTRA: a half-width generator beside the discriminator, one train state.
-    "electra": (tiny_encoder_only(family="electra", replaced_token_detection=True,
-                                  generator_hidden_fraction=0.5, type_vocab_size=2,
-                                  embedding_norm=True, dropout_rate=0.1),
+    "electra": (tiny_encoder_only(family="electra",
+                                  electra=ElectraConfig(generator_hidden_fraction=0.5),
+                                  type_vocab_size=2, embedding_norm=True, dropout_rate=0.1),
                 "train_test_mlm", {"inputs": 32}),
     # Mixture-of-Experts on both stack kinds: top-2 with jitter and dropout, top-1 Switch.
     "moe_causal_lm": (tiny_decoder_only(dropout_rate=0.1, moe=MoeConfig(

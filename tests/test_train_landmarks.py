@@ -21,6 +21,7 @@ import pytest
 from helpers import logged_losses, metrics_records
 from t5lite import cli, count_params
 from t5lite.cli import gin_config
+from t5lite.models.span_boundary_config import SpanBoundaryConfig
 
 STEPS = 60
 LAST = 5  # the loss that must have fallen: the mean of the last LAST steps' losses
@@ -110,7 +111,7 @@ def test_landmark_trains_through_the_cli_and_its_loss_falls(name, tmp_path):
   if name == "spanbert":
     assert 0 < metrics["sbo_loss"] < 2 * first
   expected = {"bert": dict(family="bert", norm_position="post", type_vocab_size=2, pooler=True),
-              "spanbert": dict(family="bert", span_boundary_objective=True),
+              "spanbert": dict(family="bert", span_boundary=SpanBoundaryConfig(30)),
               "roberta": dict(family="roberta", position_offset=2, type_vocab_size=1),
               "albert": dict(family="albert", shared_layer_groups=1, embedding_size=16),
               "gpt2": dict(family="gpt2", norm_position="pre", use_bias=True,

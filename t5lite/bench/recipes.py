@@ -39,8 +39,7 @@ from t5lite.bench import fresh_out, machine, run_t5lite
 from t5lite.train.plot import read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
-MLM_ONLY = ["ModelConfig.replaced_token_detection=False",
-            "ModelConfig.generator_hidden_fraction=0.0"]
+MLM_ONLY = ["ModelConfig.electra=None"]
 FINETUNE_TASK = "stdlib_docstring_module_head"
 LENGTH = 128  # the pretraining runs' inputs length (gin/runs/stdlib_mlm.gin)
 PARTS = ("electra", "distill")

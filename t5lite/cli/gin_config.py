@@ -24,8 +24,10 @@ from t5lite.eval.run import EvalConfig, InferConfig
 from t5lite.families.distillation import DistillationConfig
 from t5lite.families.peft import PeftConfig
 from t5lite.models.adapters import AdapterConfig
+from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe_config import MoeConfig
-from t5lite.models.config import ModelConfig
+from t5lite.models.span_boundary_config import SpanBoundaryConfig
+from t5lite.models.config import MOVED_FIELDS, ModelConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.runtime.partitioning import MeshConfig
 from t5lite.train.optimizers import OptimizerConfig
@@ -50,7 +52,8 @@ GIN_DIR = _gin_dir()
 # Registered by name (e.g. `ModelConfig`, or `t5lite.ModelConfig`); the classes stay gin-free.
 CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
                  MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig,
-                 DistillationConfig, PeftConfig, AdapterConfig, MoeConfig)
+                 DistillationConfig, PeftConfig, AdapterConfig, MoeConfig, ElectraConfig,
+                 SpanBoundaryConfig)
 for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 
@@ -107,7 +110,9 @@ def _explain(error: Exception) -> str:
   if match and match.group(1) in classes:
     fields = list(classes[match.group(1)].__dataclass_fields__)
     near = difflib.get_close_matches(match.group(2), fields, n=3)
-    if near:
+    if match.group(1) == "ModelConfig" and match.group(2) in MOVED_FIELDS:
+      message += f"\n  It moved to a family's sub-config: {MOVED_FIELDS[match.group(2)]}"
+    elif near:
       message += f"\n  Did you mean: {', '.join(near)}?"
   return message
 

@@ -147,8 +147,8 @@ class Distillation(Family):
                         f"{t.num_labels}) and the student ({s.architecture}, head={s.head!r}, "
                         f"num_labels={s.num_labels}) predict different things")
     for config, who in ((s, "student"), (t, "teacher")):
-      if config.replaced_token_detection or config.generator_hidden_fraction:
-        raise ConfigError(f"the {who} is an ELECTRA discriminator (replaced_token_detection): "
+      if config.electra:
+        raise ConfigError(f"the {who} is an ELECTRA discriminator (ModelConfig.electra): "
                           "distillation compares MLM, LM or classifier outputs; distil its "
                           "exported generator, or a finetuned discriminator with a head")
       if config.lm_loss_weight:

@@ -1,16 +1,17 @@
 """ELECTRA: a small MLM generator and a replaced-token-detection discriminator, trained together.
 
-The generator (an encoder with an MLM head, generator_hidden_fraction of the discriminator's
-width) fills the masked positions of a batch by sampling from its softmax; the discriminator
-(an encoder with ELECTRA's per-token head) labels every real token of the result original
-(0) or replaced (1). A sampled token equal to the original is labelled original. The loss is
+The generator (an encoder with an MLM head, ElectraConfig.generator_hidden_fraction of the
+discriminator's width; ModelConfig.electra holds ELECTRA's options) fills the masked positions
+of a batch by sampling from its softmax; the discriminator (an encoder with ELECTRA's
+per-token head) labels every real token of the result original (0) or replaced (1). A sampled
+token equal to the original is labelled original. The loss is
 
     generator MLM mean + discriminator_loss_weight (50) x discriminator sigmoid CE mean,
 
 the second over every non-padding token. No gradient flows through the sample; both losses
 train the shared embeddings.
 
-Params of a pretraining model (config.generator_hidden_fraction > 0), one train state:
+Params of a pretraining model (config.electra.generator_hidden_fraction > 0), one train state:
 
     {"discriminator": an encoder-only tree with the replaced-token head,
      "generator":     an encoder-only MLM tree without the tables it shares}
@@ -21,13 +22,14 @@ E -> its own hidden width when they differ (HF's `embeddings_project`). Both tre
 usual logical axes, so the partitioning rules shard them as any encoder.
 
 A lone network is a family 'electra' model too: a discriminator (generator_hidden_fraction 0,
-HF ElectraForPreTraining) or a generator (replaced_token_detection False, HF
-ElectraForMaskedLM, which trains as a plain MLM), e.g. as `t5lite import hf` reads them. A
+HF ElectraForPreTraining) or a generator (ModelConfig.electra None, HF ElectraForMaskedLM,
+which trains as a plain MLM), e.g. as `t5lite import hf` reads them. A
 discriminator finetunes with the encoder heads (ModelConfig.head): start a head model from
 its exported HF directory (INITIAL_CHECKPOINT_PATH) and the backbone carries over.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 import jax
@@ -60,7 +62,7 @@ def generator_config(config: ModelConfig) -> ModelConfig:
   the discriminator's depth and embedding width (projected when it differs from the hidden
   width), an MLM head tied to the shared word embeddings. Example: ELECTRA-base (768, 12
   heads, 3072; fraction 1/3) -> hidden 256, 4 heads of 64, d_ff 1024, embedding_size 768."""
-  hidden = round(config.d_model * config.generator_hidden_fraction)
+  hidden = config.electra.generator_width(config.d_model)
   heads = max(1, hidden // 64)
   while hidden % heads:
     heads -= 1
@@ -68,13 +70,14 @@ def generator_config(config: ModelConfig) -> ModelConfig:
   return config.replace(
       d_model=hidden, num_heads=heads, d_kv=hidden // heads, num_key_value_heads=0,
       d_ff=max(1, round(config.d_ff * hidden / config.d_model)),
-      embedding_size=e if e != hidden else 0, replaced_token_detection=False,
-      generator_hidden_fraction=0.0, tie_output_embedding=True)
+      embedding_size=e if e != hidden else 0, electra=None, tie_output_embedding=True)
 
 
 def discriminator_config(config: ModelConfig) -> ModelConfig:
   """The discriminator alone (what HF's ElectraForPreTraining holds)."""
-  return config.replace(generator_hidden_fraction=0.0)
+  if not config.electra:
+    return config
+  return config.replace(electra=dataclasses.replace(config.electra, generator_hidden_fraction=0.0))
 
 
 def _shared(path: tuple[str, ...]) -> bool:
@@ -104,7 +107,7 @@ class ElectraFamily(ArchitectureChecked, EncoderOnlyFamily):
   @property
   def pretrains_pair(self) -> bool:
     """Generator and discriminator train together (else one network, as the config says)."""
-    return self.config.generator_hidden_fraction > 0
+    return bool(self.config.electra and self.config.electra.pretrains_pair)
 
   def pretraining_preprocessors(self, vocabulary) -> list:
     """ELECTRA's masking of `[CLS] piece [SEP]` pieces: 15% of the tokens, 85% of those
@@ -150,9 +153,9 @@ class ElectraFamily(ArchitectureChecked, EncoderOnlyFamily):
     if config.head:
       return super().loss_fn(params, batch, rng)
     if not self.pretrains_pair:
-      if config.replaced_token_detection:
+      if config.electra:
         raise ConfigError("this ELECTRA discriminator has no generator to make its replaced "
-                          "tokens: set ModelConfig.generator_hidden_fraction (ELECTRA: 0.25 "
+                          "tokens: set ElectraConfig.generator_hidden_fraction (ELECTRA: 0.25 "
                           "for small and large, 1/3 for base) to pretrain the pair, or set a "
                           "finetuning head")
       return super().loss_fn(params, batch, rng)
@@ -179,7 +182,7 @@ class ElectraFamily(ArchitectureChecked, EncoderOnlyFamily):
     """Both networks when they train together: the discriminator's stack and head, the
     generator's stack and MLM output projection, each over the L input positions (the
     convention of EncoderOnlyFamily.flops_per_example; ELECTRA's paper counts alike)."""
-    if not self.pretrains_pair and not self.config.replaced_token_detection:
+    if not self.config.electra:
       return super().flops_per_example(lengths)
     length = lengths["encoder_input_tokens"]
     disc = self.config
@@ -244,8 +247,8 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
   count = jnp.sum(real)
   # The discriminator mean enters as the sentence loss of BERT's does: scaled by this
   # batch's normalizer / tokens, so that loss = generator mean + weight x discriminator mean.
-  loss_sum = gen_sum + (config.discriminator_loss_weight * disc_sum * sums["normalizer"]
-                        / jnp.maximum(count, 1.0))
+  weight = config.electra.discriminator_loss_weight
+  loss_sum = gen_sum + weight * disc_sum * sums["normalizer"] / jnp.maximum(count, 1.0)
   predicted = (logits > 0).astype(jnp.float32) * real
   sums = dict(sums, generator_loss=gen_sum, discriminator_loss=disc_sum,
               discriminator_tokens=count,

@@ -117,7 +117,7 @@ class EncoderOnlyFamily(Family):
         apply("mlm_logits", pick(states)), pick(targets), pick(weights),
         None if segment_ids is None else pick(segment_ids), self.loss)
     loss_sum, sums = self._on_chosen(mlm, weights)
-    if self.config.span_boundary_objective and "mlm_span_offset" in batch:
+    if self.config.span_boundary and "mlm_span_offset" in batch:
       sbo_sum, sbo = self._on_chosen(
           lambda pick: self._span_boundary_sums(apply, states, batch, pick), weights)
       # SpanBERT's loss is the MLM mean plus the SBO mean over the same span tokens.

@@ -34,7 +34,7 @@ def student_from_teacher(config: ModelConfig, params: Params, layers: Sequence[i
   if config.shared_layer_groups:
     raise ConfigError("this teacher shares its layers (shared_layer_groups): there are no "
                       "separate layers to pick")
-  if config.generator_hidden_fraction:
+  if config.electra and config.electra.pretrains_pair:
     raise ConfigError("this teacher is an ELECTRA pair (generator and discriminator): export "
                       "it to HF (`t5lite export hf`) and make the student from one network")
   if config.head in ("sequence_classification", "multiple_choice") and config.pooler and (

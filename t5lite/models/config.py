@@ -14,7 +14,9 @@ import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 from t5lite.models.adapters import AdapterConfig
+from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe_config import MoeConfig
+from t5lite.models.span_boundary_config import SpanBoundaryConfig
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
 # Gated activations multiply act(x @ wi_0) by (x @ wi_1); the others use one input kernel `wi`.
@@ -30,6 +32,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 HEADS = ("", "sequence_classification", "token_classification", "question_answering",
          "multiple_choice")
 PROBLEM_TYPES = ("", "single_label_classification", "multi_label_classification", "regression")
+# Top-level keys of model_config.json files written before ELECTRA's and SpanBERT's options
+# moved into their sub-configs (ModelConfig.electra, ModelConfig.span_boundary); from_dict
+# maps them (_upgrade_legacy_keys), so existing MODEL_DIRs keep loading.
+LEGACY_ELECTRA_KEYS = ("replaced_token_detection", "generator_hidden_fraction",
+                       "discriminator_loss_weight")
+LEGACY_SPAN_BOUNDARY_KEYS = ("span_boundary_objective", "max_span_length")
+MOVED_FIELDS = {  # old ModelConfig field -> its binding now (for gin's error messages)
+    "replaced_token_detection": "ModelConfig.electra = @ElectraConfig() (None: False)",
+    "generator_hidden_fraction": "ElectraConfig.generator_hidden_fraction",
+    "discriminator_loss_weight": "ElectraConfig.discriminator_loss_weight",
+    "span_boundary_objective": "ModelConfig.span_boundary = @SpanBoundaryConfig() (None: False)",
+    "max_span_length": "SpanBoundaryConfig.max_span_length",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,21 +167,6 @@ class ModelConfig:
   lm_loss_weight: float = 0.0
   """Decoder sequence classification: add this times the LM loss on the same tokens (GPT-1's
   auxiliary objective, lambda = 0.5). 0: the task loss alone (GPT2ForSequenceClassification)."""
-  span_boundary_objective: bool = False
-  """Encoder-only pretraining: SpanBERT's span boundary objective, predicting each masked span
-  token from the states just outside its span and its position in the span (a 2-layer GELU +
-  norm head, then the tied output projection); needs span-masked batches."""
-  max_span_length: int = 10
-  """Longest masked span the span boundary objective has a position embedding for."""
-  replaced_token_detection: bool = False
-  """Encoder-only pretraining: ELECTRA's discriminator head (dense, the config's activation,
-  dense to one logit per token: replaced or original) in place of the MLM head."""
-  generator_hidden_fraction: float = 0.0
-  """ELECTRA pretraining (family 'electra', replaced_token_detection): a generator MLM of this
-  fraction of d_model (ELECTRA: 1/4 small and large, 1/3 base) trains beside the
-  discriminator, sharing its embeddings. 0: the discriminator alone (as imported from HF)."""
-  discriminator_loss_weight: float = 50.0
-  """ELECTRA: loss = generator MLM loss + this x the discriminator's loss (the paper's 50)."""
   classifier_activation: str = "tanh"
   """Activation of an encoder's first-token classification head without a pooler (RoBERTa's
   head: 'tanh'; ELECTRA's: 'gelu_exact')."""
@@ -176,6 +176,13 @@ class ModelConfig:
   moe: MoeConfig | None = None
   """Mixture-of-Experts (t5lite.models.moe_config): routed MLPs in some layers of each stack
   (Switch Transformers, top-k). None: every MLP dense."""
+  electra: ElectraConfig | None = None
+  """Encoder-only pretraining (t5lite.models.electra_config): ELECTRA's discriminator head in
+  place of the MLM head, with a generator beside it when its generator_hidden_fraction > 0
+  (family 'electra'). None: no discriminator head."""
+  span_boundary: SpanBoundaryConfig | None = None
+  """Encoder-only pretraining (t5lite.models.span_boundary_config): SpanBERT's span boundary
+  objective beside the MLM head; needs span-masked batches. None: none."""
 
   def __post_init__(self):
     activation = ACTIVATION_ALIASES.get(self.mlp_activation, self.mlp_activation)
@@ -227,8 +234,8 @@ class ModelConfig:
     for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):
       if getattr(self, field) not in allowed:
         raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} is not one of {allowed}")
-    if self.num_labels < 1 or self.max_span_length < 1:
-      raise ConfigError("ModelConfig.num_labels and max_span_length must be >= 1")
+    if self.num_labels < 1:
+      raise ConfigError(f"ModelConfig.num_labels must be >= 1, got {self.num_labels}")
     dropout = self.classifier_dropout
     if dropout is not None and not 0.0 <= dropout < 1.0:
       raise ConfigError(f"ModelConfig.classifier_dropout must be in [0, 1), got {dropout}")
@@ -251,37 +258,40 @@ class ModelConfig:
                         "sentence_classes=0 (the pooler stays, for the classifier)")
     if self.head == "multiple_choice" and not self.pooler:
       raise ConfigError("head='multiple_choice' scores each choice on the pooler: set pooler=True")
-    if self.span_boundary_objective and (self.architecture != "encoder_only" or self.head):
-      raise ConfigError("ModelConfig.span_boundary_objective is an encoder-only pretraining "
-                        "objective (head='')")
+    if self.span_boundary is not None:
+      if not isinstance(self.span_boundary, SpanBoundaryConfig):
+        raise ConfigError(f"ModelConfig.span_boundary must be a SpanBoundaryConfig or None, got "
+                          f"{type(self.span_boundary).__name__}")
+      if self.architecture != "encoder_only" or self.head:
+        raise ConfigError(f"ModelConfig.span_boundary is SpanBERT's encoder-only pretraining "
+                          f"objective; this model has architecture={self.architecture!r}, "
+                          f"head={self.head!r} (it needs 'encoder_only' and head='')")
     if self.classifier_activation not in ("tanh",) + ACTIVATIONS:
       raise ConfigError(f"ModelConfig.classifier_activation={self.classifier_activation!r} is "
                         f"not one of {('tanh',) + ACTIVATIONS}")
     self._check_electra_options()
 
   def _check_electra_options(self):
-    fraction = self.generator_hidden_fraction
-    if not (math.isfinite(fraction) and fraction >= 0):
-      raise ConfigError(f"ModelConfig.generator_hidden_fraction must be >= 0, got {fraction}")
-    if not (math.isfinite(self.discriminator_loss_weight) and self.discriminator_loss_weight >= 0):
-      raise ConfigError(f"ModelConfig.discriminator_loss_weight must be >= 0, got "
-                        f"{self.discriminator_loss_weight}")
-    if self.replaced_token_detection:
-      clash = [f for f in ("head", "pooler", "sentence_classes", "span_boundary_objective")
-               if getattr(self, f)]
-      if self.architecture != "encoder_only" or clash:
-        unset = ", ".join(clash) if clash else "architecture='encoder_only'"
-        raise ConfigError("ModelConfig.replaced_token_detection is ELECTRA's encoder-only "
-                          f"pretraining head, which replaces the others: fix {unset}")
-    if fraction and not self.replaced_token_detection:
-      raise ConfigError(f"ModelConfig.generator_hidden_fraction={fraction}: the generator "
-                        "trains beside ELECTRA's discriminator; set replaced_token_detection=True")
-    generator = round(self.d_model * fraction)
+    electra = self.electra
+    if electra is None:
+      return
+    if not isinstance(electra, ElectraConfig):
+      raise ConfigError(f"ModelConfig.electra must be an ElectraConfig or None, got "
+                        f"{type(electra).__name__}")
+    clash = [f for f in ("head", "pooler", "sentence_classes", "span_boundary")
+             if getattr(self, f)]
+    if self.architecture != "encoder_only" or clash:
+      unset = ", ".join(clash) if clash else "architecture='encoder_only'"
+      raise ConfigError("ModelConfig.electra is ELECTRA's encoder-only pretraining head, which "
+                        f"replaces the others: fix {unset}")
+    fraction = electra.generator_hidden_fraction
+    generator = electra.generator_width(self.d_model)
     if fraction and not 1 <= generator <= self.d_model:
       raise ConfigError(f"the ELECTRA generator's hidden size {generator} "
-                        f"(generator_hidden_fraction={fraction} x d_model={self.d_model}) must "
-                        f"be between 1 and the discriminator's hidden size {self.d_model}: a "
-                        "generator larger than the discriminator makes detection too hard")
+                        f"(ElectraConfig.generator_hidden_fraction={fraction} x d_model="
+                        f"{self.d_model}) must be between 1 and the discriminator's hidden size "
+                        f"{self.d_model}: a generator larger than the discriminator makes "
+                        "detection too hard")
 
   @property
   def loss_problem_type(self) -> str:
@@ -388,18 +398,20 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)  # adapter and moe as nested dicts (None without them)
+    # adapter, moe, electra and span_boundary as nested dicts (None without them)
+    return dataclasses.asdict(self)
 
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+    values = _upgrade_legacy_keys(values)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
       raise ConfigError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
-    if isinstance(values.get("adapter"), dict):
-      values = dict(values, adapter=AdapterConfig.from_dict(values["adapter"]))
-    if isinstance(values.get("moe"), dict):
-      values = dict(values, moe=MoeConfig.from_dict(values["moe"]))
+    for field, sub in (("adapter", AdapterConfig), ("moe", MoeConfig),
+                       ("electra", ElectraConfig), ("span_boundary", SpanBoundaryConfig)):
+      if isinstance(values.get(field), dict):
+        values = dict(values, **{field: sub.from_dict(values[field])})
     return cls(**values)
 
   def to_json(self) -> str:
@@ -408,3 +420,48 @@ class ModelConfig:
   @classmethod
   def from_json(cls, text: str) -> "ModelConfig":
     return cls.from_dict(json.loads(text))
+
+
+def _upgrade_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
+  """values with the top-level ELECTRA and SpanBERT keys of older model_config.json files
+  (LEGACY_*_KEYS) moved into the sub-configs that hold them now, so that MODEL_DIRs written
+  before the move load as the same model. An old file wrote all five keys, defaults included:
+
+    replaced_token_detection true   -> electra {generator_hidden_fraction,
+                                                discriminator_loss_weight}; false -> null
+    span_boundary_objective true    -> span_boundary {max_span_length}; false -> null
+
+  Values that only applied with the objective off (a max_span_length, a loss weight of a
+  model without the discriminator head) changed nothing and are dropped. A dict that also
+  has the new key is refused: which of the two holds is ambiguous."""
+  old = [k for k in LEGACY_ELECTRA_KEYS + LEGACY_SPAN_BOUNDARY_KEYS if k in values]
+  if not old:
+    return values
+  values = dict(values)
+  legacy = {k: values.pop(k) for k in old}
+  electra_keys = [k for k in old if k in LEGACY_ELECTRA_KEYS]
+  if electra_keys:
+    if "electra" in values:
+      raise ConfigError(f"ModelConfig fields {electra_keys} (model_config.json before the "
+                        f"ElectraConfig) and electra={values['electra']!r} are both set: keep "
+                        "electra only")
+    fraction = legacy.get("generator_hidden_fraction", 0.0)
+    if legacy.get("replaced_token_detection", False):
+      values["electra"] = {"generator_hidden_fraction": fraction,
+                           "discriminator_loss_weight":
+                               legacy.get("discriminator_loss_weight", 50.0)}
+    elif fraction:
+      raise ConfigError(f"generator_hidden_fraction={fraction} with replaced_token_detection="
+                        "false: the generator trains beside ELECTRA's discriminator; use "
+                        f"electra={{'generator_hidden_fraction': {fraction}}}")
+    else:
+      values["electra"] = None
+  span_keys = [k for k in old if k in LEGACY_SPAN_BOUNDARY_KEYS]
+  if span_keys:
+    if "span_boundary" in values:
+      raise ConfigError(f"ModelConfig fields {span_keys} (model_config.json before the "
+                        f"SpanBoundaryConfig) and span_boundary={values['span_boundary']!r} "
+                        "are both set: keep span_boundary only")
+    values["span_boundary"] = ({"max_span_length": legacy.get("max_span_length", 10)}
+                               if legacy.get("span_boundary_objective", False) else None)
+  return values

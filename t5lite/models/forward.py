@@ -44,8 +44,9 @@ def _tokens(x) -> np.ndarray | None:
 
 def _run(config: ModelConfig, params: Params, input_ids, decoder_input_ids, token_type_ids,
          sentence: bool) -> np.ndarray:
-  if config.generator_hidden_fraction:
-    raise ValueError("this ELECTRA config holds two networks (generator_hidden_fraction > 0): "
+  if config.electra and config.electra.pretrains_pair:
+    raise ValueError("this ELECTRA config holds two networks (ElectraConfig."
+                     "generator_hidden_fraction > 0): "
                      "take each one's (name, config, params) from "
                      "t5lite.families.family_of(config).networks(params) and call logits on it")
   single = np.ndim(input_ids) == 1

@@ -124,9 +124,10 @@ class SpanBoundaryHead(nn.Module):
   def __call__(self, left: jax.Array, right: jax.Array, offset: jax.Array) -> jax.Array:
     cfg = self.config
     d = cfg.d_model
-    table = Embed(cfg.max_span_length + 1, d, cfg.compute_dtype, cfg.storage_dtype,
+    longest = cfg.span_boundary.max_span_length
+    table = Embed(longest + 1, d, cfg.compute_dtype, cfg.storage_dtype,
                   cfg.init_std or 1.0, (None, "embed"), name="position_embedder")
-    offset = jnp.clip(offset, 0, cfg.max_span_length)
+    offset = jnp.clip(offset, 0, longest)
     x = jnp.concatenate([left, right, table(offset).astype(left.dtype)], axis=-1)  # (B, K, 3D)
     act = ACTIVATION_FNS["gelu_exact"]
     x = dense(cfg, (3 * d,), (d,), (None, "mlp"), (3 * d) ** -0.5, "dense_0", use_bias=True)(x)

@@ -133,7 +133,7 @@ class DecoderOnly(_Model):
 class EncoderOnly(_Model):
   """BERT-style encoder. Pretraining (config.head ''): an MLM head (dense to the embedding
   width, the config's activation, norm, vocab projection with a bias when config.use_bias),
-  or ELECTRA's replaced-token head (config.replaced_token_detection), optionally a pooler (dense + tanh on the first token) with a sentence classifier (NSP /
+  or ELECTRA's replaced-token head (config.electra), optionally a pooler (dense + tanh on the first token) with a sentence classifier (NSP /
   SOP) and SpanBERT's span boundary head. Finetuning (config.head set): the pooler when
   configured and the head (t5lite.models.heads.EncoderHead) instead of the MLM head; a
   multiple-choice batch has inputs (B, choices, L)."""
@@ -157,7 +157,7 @@ class EncoderOnly(_Model):
     if cfg.head:
       self.head = EncoderHead(cfg, self.deterministic)
       return
-    if cfg.replaced_token_detection:
+    if cfg.electra:
       self.discriminator_predictions = ReplacedTokenHead(cfg)
       return
     e = cfg.embedding_width
@@ -169,23 +169,23 @@ class EncoderOnly(_Model):
       self.sentence_classifier = dense(cfg, (cfg.d_model,), (cfg.sentence_classes,),
                                        ("embed", "classes"), cfg.d_model ** -0.5,
                                        "sentence_classifier", use_bias=True)
-    if cfg.span_boundary_objective:
+    if cfg.span_boundary:
       self.span_boundary = SpanBoundaryHead(cfg)
 
   def __call__(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                encoder_token_type_ids=None, with_sentence_logits=False):
     """Pretraining: MLM logits (B, L, V) in float32; with_sentence_logits: also the pooled
     output's (B, sentence_classes) float32 logits, or the pooled states (B, D) without a
-    classifier. ELECTRA's discriminator (config.replaced_token_detection): one float32 logit
+    classifier. ELECTRA's discriminator (config.electra): one float32 logit
     per token (B, L). Finetuning: the head's float32 logits (t5lite.models.heads)."""
     if self.config.head:
       return self.head_logits(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                               encoder_token_type_ids)
     x = self.hidden_states(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                            encoder_token_type_ids)  # (B, L, D)
-    if self.config.replaced_token_detection:
+    if self.config.electra:
       return self.discriminator_predictions(x)
-    if self.is_initializing() and self.config.span_boundary_objective:
+    if self.is_initializing() and self.config.span_boundary:
       self.span_boundary_states(x, x, jnp.zeros(x.shape[:2], jnp.int32))
     logits = self.mlm_logits(x)
     return (logits, self.sentence_logits(x)) if with_sentence_logits else logits

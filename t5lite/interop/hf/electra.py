@@ -33,6 +33,7 @@ from t5lite.interop.hf.bert import (BERT_LAYER, ENCODER_NEEDS, FROM_HF_ACTIVATIO
 from t5lite.interop.hf.heads import HeadSpec, encoder_needs
 from t5lite.interop.hf.layout import Entry, HFLayout, legacy_norm_names, refuse, register
 from t5lite.models.config import ModelConfig
+from t5lite.models.electra_config import ElectraConfig
 
 DISCRIMINATOR, GENERATOR = "ElectraForPreTraining", "ElectraForMaskedLM"
 # ElectraForMultipleChoice summarizes with its own SequenceSummary: not t5lite's head.
@@ -54,17 +55,17 @@ class ElectraLayout(HFLayout):
 
   def _needs(self, config: ModelConfig) -> dict:
     needs = dict(ENCODER_NEEDS, position_offset=0, pooler=False, sentence_classes=0,
-                 shared_layer_groups=0, generator_hidden_fraction=0.0)
+                 shared_layer_groups=0)
     if config.head:
       needs.update(encoder_needs(config, HEADS), tie_output_embedding=config.tie_output_embedding)
       if config.head == "sequence_classification":
         needs["classifier_activation"] = "gelu_exact"  # ElectraClassificationHead's GELU
-    elif not config.replaced_token_detection:
+    elif not config.electra:
       needs["mlp_activation"] = "gelu_exact"  # ElectraGeneratorPredictions' GELU, always
     return needs
 
   def config_to_hf(self, config: ModelConfig) -> dict:
-    if config.generator_hidden_fraction:
+    if config.electra and config.electra.pretrains_pair:
       raise ConfigError("this ELECTRA model holds a generator and a discriminator: HF keeps "
                         "each in its own directory; `t5lite export hf` writes DIR/discriminator "
                         "and DIR/generator (in Python: family_of(config).networks(params))")
@@ -81,7 +82,7 @@ class ElectraLayout(HFLayout):
     if config.mlp_activation not in TO_HF_ACTIVATION:
       raise ConfigError(f"HF 'electra' has no equivalent of mlp_activation="
                         f"{config.mlp_activation!r} (it has {sorted(TO_HF_ACTIVATION)})")
-    pretraining = DISCRIMINATOR if config.replaced_token_detection else GENERATOR
+    pretraining = DISCRIMINATOR if config.electra else GENERATOR
     return {
         "architectures": [pretraining],
         "model_type": "electra",
@@ -118,7 +119,7 @@ class ElectraLayout(HFLayout):
         position_encoding="learned", embedding_norm=True, tie_output_embedding=True,
         init_std=self.number(hf, "initializer_range", 0.02),
         dropout_rate=self.rate(hf, "hidden_dropout_prob", 0.1),
-        replaced_token_detection=discriminator)
+        electra=ElectraConfig() if discriminator else None)
     if head:
       values.update(HEADS.values_from_hf(hf, head), classifier_activation="gelu_exact")
     return ModelConfig(**{**values, **overrides})
@@ -140,7 +141,7 @@ class ElectraLayout(HFLayout):
                                  BERT_LAYER)
     if config.head:
       return entries + HEADS.entries(config)
-    if config.replaced_token_detection:
+    if config.electra:
       return (entries + dense_entries(("discriminator_predictions", "dense"),
                                       "discriminator_predictions.dense")
               + dense_entries(("discriminator_predictions", "dense_prediction"),

@@ -28,7 +28,7 @@ and imports back with head='token_classification', num_labels=3, pooler=False (H
 classifiers build their backbone without the pooler).
 
 Options with no HF equivalent are refused on export, by name: GPT-1's lm_loss_weight, SpanBERT's
-span_boundary_objective.
+span boundary objective (ModelConfig.span_boundary).
 """
 from __future__ import annotations
 
@@ -159,10 +159,10 @@ class HeadSpec:
       raise ConfigError(f"HF {model_type!r} has no equivalent of lm_loss_weight="
                         f"{config.lm_loss_weight} (GPT-1's auxiliary LM loss is t5lite's own); "
                         "set lm_loss_weight=0 to export the classifier")
-    if config.span_boundary_objective:
-      raise ConfigError(f"HF {model_type!r} has no equivalent of span_boundary_objective=True "
-                        "(SpanBERT's span boundary head); set span_boundary_objective=False to "
-                        "export the model without it")
+    if config.span_boundary:
+      raise ConfigError(f"HF {model_type!r} has no equivalent of span_boundary="
+                        f"{config.span_boundary!r} (SpanBERT's span boundary head); set "
+                        "span_boundary=None to export the model without it")
     if not config.head:
       return
     if config.head not in self.heads:
