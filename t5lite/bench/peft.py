@@ -140,7 +140,7 @@ class SpeedSide:
                                  lengths={"inputs": lengths[0], "targets": lengths[1]},
                                  method=method, base=base, learning_rate=1e-3)
     trainer = self.trainer = Trainer(config, train_config)
-    if trainer.peft is None:  # full finetuning starts from the base's params
+    if trainer.config.peft is None:  # full finetuning starts from the base's params
       _, params, _ = model_dir_lib.load_params(base, trainer.mesh, trainer.rules)
       self.state = trainer.state_from_params(jax.device_put(params, trainer.param_shardings), 0)
       del params
@@ -183,7 +183,7 @@ class SpeedSide:
         "model_params": tree_size(trainer.model_params(state.params)),
         "optimizer_state_bytes": tree_bytes(state.opt_state),
         "train_state_param_bytes": tree_bytes(state.params),
-        "frozen_base_bytes": tree_bytes(trainer.fixed_params) if trainer.peft else 0,
+        "frozen_base_bytes": tree_bytes(trainer.fixed_params) if trainer.config.peft else 0,
         "step_memory_bytes": self.memory.get("step_memory_bytes"),
         "compile_s": round(self.compile_s, 2),
         # Other processes' share of the CPUs during each timed step: median and worst

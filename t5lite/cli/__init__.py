@@ -5,6 +5,8 @@ multi-host flags (--coordinator_address, --num_processes, --process_id); without
 layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
 gin flags as train, without the multi-host ones (one process compiles for a whole pod:
 t5lite/train/aot_compile.py), and `smoke` takes a model's. The other verbs take plain flags.
+train, eval, infer, compile, smoke, tasks and cache also take --module NAME_OR_PATH: a user's module, imported
+before gin parses, that registers its own tasks, families, objectives or recipes.
 
 Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
 names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:
@@ -52,7 +54,13 @@ ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.E
 GIN_HELP = """gin flags (T5X style):
   --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
   --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
-                         --gin.MODEL_DIR=/tmp/run (bare words are taken as strings)"""
+                         --gin.MODEL_DIR=/tmp/run (bare words are taken as strings)
+  --module NAME_OR_PATH  import a module of your own before the gin flags are parsed: its
+                         tasks, families, objectives, recipes and gin configurables register
+                         (repeatable; a name on PYTHONPATH, e.g. my_pkg.tasks, or a .py file)"""
+MODULE_HELP = ("import this module before gin parses (it registers tasks, mixtures, families, "
+               "recipes, gin configurables): a module name importable from PYTHONPATH, or a "
+               "path to a .py file; repeatable")
 EXIT_HELP = f"""exit codes:
   0 done, 1 failed, 2 bad setup (flags, gin, mesh, a job that did not form),
   {PREEMPTED_EXIT_CODE} preempted: SIGTERM reached a process and every process saved the same
@@ -69,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     distributed.add_flags(sub)
+    sub.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                     help=MODULE_HELP)
     if verb in ("eval", "infer"):
       _add_adapter_flags(sub, verb)
   smoke = verbs.add_parser(
@@ -80,12 +90,16 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--batch_size", type=int, default=8)
   smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
   smoke.add_argument("--seed", type=int, default=0)
+  smoke.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                     help=MODULE_HELP)
   compile_ = verbs.add_parser(
       "compile", help=COMPILE_HELP, description=COMPILE_HELP + ": same --gin_file / --gin.X "
       "flags as train (MODEL_DIR and MIXTURE_OR_TASK_NAME may be left out); prints a table and "
       "one JSON line (fits, bytes_per_device, flops_per_device, estimated_mfu, ...)",
       epilog=GIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   _add_compile_flags(compile_)
+  compile_.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                        help=MODULE_HELP)
   _add_data_verbs(verbs)
   for verb, (text, _) in PLAIN_VERBS.items():
     sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
@@ -142,8 +156,8 @@ def _lengths(text: str) -> dict[str, int]:
 def _add_data_verbs(verbs) -> None:
   tasks = verbs.add_parser("tasks", help="list, show and measure registered tasks",
                            description="Registered tasks come from t5lite_tasks and --module.")
-  tasks.add_argument("--module", action="append", default=[],
-                     help="also import this module (it registers more tasks); repeatable")
+  tasks.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                     help=MODULE_HELP)
   sub = tasks.add_subparsers(dest="tasks_verb", metavar="list|show|stats", required=True)
   sub.add_parser("list", help="every task and mixture")
   for name, text in (("show", "raw, preprocessed and decoded examples"),
@@ -177,16 +191,14 @@ def _add_data_verbs(verbs) -> None:
   cache.add_argument("--worker_index", type=int, default=0)
   cache.add_argument("--num_workers", type=int, default=1,
                      help="split the work over N workers or hosts, each writing its own shard")
-  cache.add_argument("--module", action="append", default=[])
+  cache.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                     help=MODULE_HELP)
 
 
 def _data_verb(args) -> int:
-  import importlib
   import json
   import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
   from t5lite.data import cache, describe, registry
-  for module in args.module:
-    importlib.import_module(module)
   if args.verb == "cache":
     task = registry.TaskRegistry.get(args.name)
     for split in args.split or task.splits or ["train"]:
@@ -222,12 +234,46 @@ def _smoke(args) -> int:
 
 def _import_task_modules() -> None:
   """The shipped tasks, and T5X's MIXTURE_OR_TASK_MODULE (a module name or a list)."""
-  import importlib
-
   import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
   module = gin_config.macro("MIXTURE_OR_TASK_MODULE")
-  for name in ([module] if isinstance(module, str) else list(module or ())):
-    importlib.import_module(name)
+  import_modules([module] if isinstance(module, str) else list(module or ()),
+                 "MIXTURE_OR_TASK_MODULE")
+
+
+def import_modules(modules, flag: str = "--module") -> None:
+  """Imports a user's modules (--module, MIXTURE_OR_TASK_MODULE), each a dotted name
+  importable from sys.path (PYTHONPATH), as seqio's and T5X's MIXTURE_OR_TASK_MODULE, or a
+  path to a .py file, whose folder then joins sys.path (so that it is importable by name:
+  data workers re-import it) and which is imported by its file name. The shipped tasks come
+  first, so that a user's mixture may name them. A module that fails to import shows its
+  traceback; a name that is not there is a setup mistake (exit 2)."""
+  import importlib
+
+  if not modules:
+    return
+  import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
+  importlib.invalidate_caches()  # a module written since a folder was last listed
+  for spec in modules:
+    name = spec
+    if spec.endswith(".py") or os.sep in spec or (os.altsep and os.altsep in spec):
+      path = os.path.abspath(os.path.expanduser(spec))
+      if not os.path.isfile(path) or not path.endswith(".py"):
+        raise ConfigError(f"{flag} {spec}: no such .py file")
+      folder, name = os.path.split(path[:-len(".py")])
+      loaded = sys.modules.get(name)
+      if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") != path:
+        raise ConfigError(f"{flag} {spec}: a module called {name!r} is imported already "
+                          f"({getattr(loaded, '__file__', None) or 'built in'}): rename the file")
+      if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+        raise  # the module itself imports something missing: its traceback
+      raise ConfigError(f"{flag} {spec}: no module named {e.name!r} (a module name must be "
+                        "importable: put its folder on PYTHONPATH, or give the path of its "
+                        ".py file)") from e
 
 
 def _eval(args) -> int:
@@ -313,6 +359,9 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
     takes_gin = args.verb in GIN_VERBS or args.verb in ("smoke", "compile")
     if (gin_files or bindings) and not takes_gin:
       raise gin_config.GinConfigError(f"t5lite {args.verb} takes no gin flags")
+    # Before gin parses: a user's module may define configurables the gin flags bind. Imports
+    # only (nothing may touch a device before the job forms: launch/distributed.py).
+    import_modules(getattr(args, "module", None))
     if takes_gin:
       gin_config.parse(gin_files, bindings)
     if args.verb == "train":

@@ -32,6 +32,7 @@ Distillation and PEFT runs (whose steps read a teacher or base from disk) are no
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -47,7 +48,7 @@ from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import partitioning as part
 from t5lite.runtime import topologies
-from t5lite.train import aot_cost, step_program
+from t5lite.train import aot_cost, recipes, step_program
 from t5lite.train.loop import step_memory
 
 def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = print) -> int:
@@ -69,17 +70,26 @@ def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = p
 
 # --- building the program ------------------------------------------------------------------
 
-def _check_supported(config) -> None:
-  if config.distillation is not None or config.peft is not None:
+def _check_supported(config) -> recipes.Recipe:
+  """The run's recipe, if its step compiles without reading anything (the plain run's)."""
+  recipe = recipes.recipe_of(config)
+  if not recipe.compiles_ahead:
+    if config.recipe is not None:
+      raise ConfigError(f"t5lite compile does not compile the {recipe.name!r} recipe's runs "
+                        "(its step may read from disk: Recipe.compiles_ahead): compile the "
+                        "plain run")
     raise ConfigError("t5lite compile does not compile distillation or PEFT runs yet (their "
                       "steps read a teacher or a base from disk): compile the plain run")
+  return recipe
 
 
 def _program(model_config: ModelConfig, config, mesh) -> step_program.StepProgram:
-  _check_supported(config)
+  recipe = _check_supported(config)
+  part.check_batch_size(config.batch_size, mesh)
   rules = part.logical_axis_rules(fsdp=config.fsdp)
   family = family_of(model_config, config.step.loss_options())
-  return step_program.build(family, config, mesh, rules)
+  return step_program.build(family, config, mesh, rules,
+                            trainable_mask=functools.partial(recipe.trainable_mask, family))
 
 
 def _decode_call(model_config: ModelConfig, config, program: step_program.StepProgram):

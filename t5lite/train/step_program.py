@@ -84,17 +84,18 @@ class StepProgram:
 
 
 def build(family: Family, config, mesh: Mesh, rules: part.LogicalRules,
-          fixed_shardings: Tree | None = None) -> StepProgram:
-  """The StepProgram of a TrainConfig (`config`) for a family over a mesh.
+          fixed_shardings: Tree | None = None, trainable_mask=None) -> StepProgram:
+  """The StepProgram of a TrainConfig (`config`) for a family over a mesh. The caller checks
+  BATCH_SIZE against the mesh first (part.check_batch_size: the Trainer, `t5lite compile`).
 
   fixed_shardings: where a step's fixed params (a distillation teacher, a PEFT base) lie, or
   None when the family has none; the jitted functions then take them as a last argument.
+  trainable_mask: params -> tree of bools, the run's recipe's (default: the family's).
   """
-  part.check_batch_size(config.batch_size, mesh)
   converter = family.converter(pack=config.pack)
   params = family.abstract_params()
   optimizer = trainable_only(make_optimizer(config.optimizer, family.param_logical_axes()),
-                             family.trainable_mask(params))
+                             (trainable_mask or family.trainable_mask)(params))
   param_shardings = part.param_shardings(family, mesh, rules)
   abstract_state = jax.eval_shape(functools.partial(TrainState.create, optimizer=optimizer),
                                   params)

@@ -40,135 +40,35 @@ writes its shards of each checkpoint (orbax); the data iterator state is gathere
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from t5lite.data.pipeline import PipelineConfig, get_dataset
 from t5lite.data.registry import tasks_of
 from t5lite.errors import ConfigError
-from t5lite.eval.evaluator import DecodeConfig
-from t5lite.families import family_of
-from t5lite.families.distillation import Distillation, DistillationConfig
-from t5lite.families import peft as peft_lib
-from t5lite.families.peft import PeftConfig
+from t5lite.families import Family, family_of
 from t5lite.runtime import preemption
 from t5lite.models.config import ModelConfig
-from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
-from t5lite.interop.peft import record as peft_record
+from t5lite.train import initial_params as initial_params_lib
 from t5lite.train import loop as loop_lib
-from t5lite.train import peft_run
+from t5lite.train import recipes
 from t5lite.train import step_program
-from t5lite.train import teacher as teacher_lib
-from t5lite.train import warm_start
 from t5lite.train.loop import TrainResult
-from t5lite.train.optimizers import OptimizerConfig
-from t5lite.train.step import StepConfig, with_fixed_params
+from t5lite.train.step import with_fixed_params
+from t5lite.train.train_config import TrainConfig
 from t5lite.train.train_state import TrainState
 
 Tree = Any
 __all__ = ["TrainConfig", "TrainResult", "Trainer", "train"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """One training run. Gin binds it through T5X's macro names (gin/runs/pretrain.gin)."""
-
-  model_dir: str
-  """Where checkpoints, metrics, the model config and the vocabulary go (MODEL_DIR)."""
-  train_steps: int
-  """The final step (TRAIN_STEPS): a resumed or finetuning run stops there, as in T5X."""
-  batch_size: int
-  """Global batch size in rows, over all processes (BATCH_SIZE)."""
-  mixture_or_task_name: str
-  """A registered task or mixture (MIXTURE_OR_TASK_NAME)."""
-  task_feature_lengths: Mapping[str, int]
-  """e.g. {'inputs': 512, 'targets': 114} (TASK_FEATURE_LENGTHS)."""
-  seed: int = 0
-  """Seeds the init, the data order and dropout (RANDOM_SEED): the one seed of a run."""
-  initial_checkpoint_path: str | None = None
-  """Params to start from when MODEL_DIR has no checkpoint (INITIAL_CHECKPOINT_PATH)."""
-  use_cached_tasks: bool = False
-  """Read tasks from `t5lite cache` output (USE_CACHED_TASKS)."""
-  cache_dir: str | None = None
-  """Where cached tasks are (default: $T5LITE_CACHE_DIR or ~/.cache/t5lite/tasks)."""
-  pack: bool = True
-  """Pack several examples per row (T5X pretraining does)."""
-  data_workers: int = 0
-  """Worker processes computing batch rows (0: in the training process)."""
-  log_period: int = 100
-  """Write metrics and print the progress line every this many steps (and at the end)."""
-  eval_period: int = 1000
-  """Evaluate on eval_split every this many steps (EVAL_PERIOD); 0 = never."""
-  run_eval_before_training: bool = False
-  """Also evaluate once before the first step (T5X's name), e.g. to see what finetuning
-  improves."""
-  eval_steps: int = 20
-  """Batches per evaluation (fewer when the split ends first)."""
-  infer_eval_period: int = 0
-  """Decode eval_split and compute each task's metrics (ROUGE, accuracy, ...) every this many
-  steps (and at the end); 0 = never. Unpacked, in order, the same examples every time."""
-  infer_eval_examples: int | None = 128
-  """Examples per task for the inference eval (None: the whole split)."""
-  decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
-  """Decoding settings of the inference eval."""
-  eval_split: str = "validation"
-  """The split evaluated; tasks without it are skipped."""
-  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
-  step: StepConfig = dataclasses.field(default_factory=StepConfig)
-  """Loss options (LOSS_NORMALIZING_FACTOR, z-loss, ...), microbatches, non-finite policy."""
-  mesh: part.MeshConfig = dataclasses.field(default_factory=part.MeshConfig)
-  fsdp: bool = False
-  """Shard parameters' embed axis over the mesh's 'fsdp' axis (logical_axis_rules)."""
-  checkpoint: ckpt_lib.CheckpointConfig = dataclasses.field(
-      default_factory=ckpt_lib.CheckpointConfig)
-  preemption_check_period: int = 1
-  """With several processes, agree on SIGTERM every this many steps: one all-gather of a flag,
-  which waits for the step to finish. Raise it when steps take milliseconds."""
-  lease_timeout_s: float = 600.0
-  """A run holds MODEL_DIR's lease (t5lite/runtime/lease.py) and renews it every tenth of
-  this; a lease not renewed for this long (its holder on another host died) is taken over."""
-  distillation: DistillationConfig | None = None
-  """Train the model as a student of a frozen teacher (t5lite.families.distillation)."""
-  peft: PeftConfig | None = None
-  """Train adapters (LoRA) on a frozen base model, the base's params left out of the train
-  state and checkpoints (t5lite.families.peft)."""
-
-  def __post_init__(self):
-    # Floats, bools and strings pass `< 1`: TRAIN_STEPS=10.5 trained to step 11.
-    from t5lite.util.checks import check_feature_lengths, require_int
-    for name in ("train_steps", "batch_size", "log_period", "eval_steps",
-                 "preemption_check_period"):
-      require_int(getattr(self, name), f"TrainConfig.{name}", minimum=1)
-    for name in ("seed", "data_workers", "eval_period", "infer_eval_period"):
-      require_int(getattr(self, name), f"TrainConfig.{name}", minimum=0 if name != "seed" else None)
-    require_int(self.infer_eval_examples, "TrainConfig.infer_eval_examples", minimum=1,
-                optional=True)
-    # Before anything is allocated (a length of 10**12 once asked for 2.3 PB).
-    check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS", self.batch_size)
-    if not self.model_dir:
-      raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
-    model_dir_lib.check_not_url(self.model_dir)
-    model_dir_lib.check_not_url(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
-    if self.peft is not None and self.distillation is not None:
-      raise ConfigError("TrainConfig.peft and TrainConfig.distillation are both set: distil "
-                        "into a plain student, then adapt it (or adapt, merge with `t5lite "
-                        "export hf --merge`, then distil)")
-    if self.peft is not None and self.initial_checkpoint_path:
-      raise ConfigError("TrainConfig.peft names the base the adapters train on "
-                        "(PeftConfig.base); INITIAL_CHECKPOINT_PATH is for full finetuning: "
-                        "unset it")
 
 
 def task_vocabulary(name: str):
@@ -195,37 +95,34 @@ def check_heads(model_config: ModelConfig, tasks) -> None:
 class Trainer:
   """The pieces of one run that stay fixed while it trains (see `train`)."""
 
-  def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None):
-    self.model_config, self.config = model_config, config
+  def __init__(self, model_config: ModelConfig, config: TrainConfig, mesh: Mesh | None = None,
+               *, vocabulary=None, family: Family | None = None):
+    """vocabulary, family: the task's vocabulary and family_of(model_config, the step's loss
+    options) when the caller has them already (train() does); else derived here."""
+    self.config = config
     self.mesh = mesh if mesh is not None else part.make_mesh(config.mesh)
-    part.check_batch_size(config.batch_size, self.mesh)  # before a teacher or base is read
+    part.check_batch_size(config.batch_size, self.mesh)  # before a recipe reads from disk
     # The slice of each global batch this process computes: the rows its devices hold.
     self.batch_slice = part.process_batch_slice(self.mesh)
     self.rules = part.logical_axis_rules(fsdp=config.fsdp)
-    self.family = family_of(model_config, config.step.loss_options())
-    distill, peft = config.distillation, config.peft
-    if distill is not None:  # the recipe's loss needs the teacher's shapes first
-      self.teacher, teacher_config, teacher_params = teacher_lib.read(distill)
-      self.family = Distillation.wrap(self.family, distill, teacher_config)
-    # A PEFT run's base (like a teacher, the step's fixed_params); its family trains the
-    # adapter half of the adapted model.
-    self.peft = None
-    if peft is not None:
-      self.peft = peft_run.prepare(model_config, peft, config.step.loss_options(), self.mesh,
-                                   self.rules)
-      self.model_config, self.family = self.peft.model_config, self.peft.family
+    self._vocabulary = vocabulary
+    # The run's recipe (t5lite.train.recipes) reads what rides along the model and says which
+    # family trains: the model's, or one wrapped around it (its config is the run's).
+    self.recipe = recipes.recipe_of(config)
+    if family is None:
+      family = family_of(model_config, config.step.loss_options())
+    self.family = self.recipe.prepare(family, mesh=self.mesh, rules=self.rules)
+    self.model_config = self.family.config
     self.is_primary = jax.process_index() == 0
-    # A distillation teacher: an argument of every step (the loss's fixed_params), never
-    # donated, differentiated or saved.
-    self.fixed_params = None if self.peft is None else self.peft.base
-    if distill is not None:
-      self.fixed_params = teacher_lib.load(self.teacher, teacher_config, teacher_params,
-                                           self.mesh, self.rules)
-      self.teacher_record = teacher_lib.record(distill, teacher_config, self.fixed_params)
+    # Params the loss reads beside the train state: an argument of every step, never
+    # donated, differentiated or saved (None: the recipe has none).
+    self.fixed_params = self.recipe.fixed_params
     fixed = (None if self.fixed_params is None
              else jax.tree.map(lambda x: x.sharding, self.fixed_params))
     # The same function builds what `t5lite compile` compiles for a TPU topology.
-    self.program = step_program.build(self.family, config, self.mesh, self.rules, fixed)
+    self.program = step_program.build(
+        self.family, config, self.mesh, self.rules, fixed,
+        trainable_mask=functools.partial(self.recipe.trainable_mask, self.family))
     program = self.program
     self.converter, self.optimizer = program.converter, program.optimizer
     self.param_shardings, self.state_shardings = program.param_shardings, program.state_shardings
@@ -235,8 +132,9 @@ class Trainer:
     self.eval_fn = with_fixed_params(program.eval_fn, self.fixed_params)
 
   def model_params(self, params: Tree) -> Tree:
-    """The whole model's params of a train state's: a PEFT run's adapters joined to the base."""
-    return params if self.peft is None else self.family.whole(self.fixed_params, params)
+    """The whole model's params of a train state's (the recipe's: adapters joined to their
+    base, say)."""
+    return self.recipe.model_params(self.family, params)
 
   def pipeline_config(self, split: str = "train", **changes) -> PipelineConfig:
     c = self.config
@@ -283,31 +181,23 @@ class Trainer:
   @functools.cached_property
   def vocabulary(self):
     """The task's (targets) vocabulary: what MODEL_DIR and INITIAL_CHECKPOINT_PATH must have."""
+    if self._vocabulary is not None:
+      return self._vocabulary
     return task_vocabulary(self.config.mixture_or_task_name)
 
   def check_initial_vocabulary(self, path: str) -> None:
     """Finetuning a checkpoint on a task of another vocabulary would map its ids to other
     text: refused (a t5lite MODEL_DIR's vocabulary, an HF directory's spiece.model)."""
-    path = os.path.expanduser(path)
-    try:
-      source = model_dir_lib.model_dir_of(path)
-    except FileNotFoundError:
-      source = path  # an HF directory
-    model_dir_lib.check_vocabulary(source, self.vocabulary, "INITIAL_CHECKPOINT_PATH")
+    initial_params_lib.check_vocabulary(path, self.vocabulary)
 
   def fresh_state(self) -> TrainState:
-    """Random init, created directly in its shards (a PEFT run's soft prompt from its base's
-    embeddings, AdapterConfig.prompt_init)."""
-    ids = () if self.peft is None else peft_lib.prompt_init_ids(
-        self.model_config.adapter, self.vocabulary, self.model_config.vocab_size,
-        self.config.seed)
+    """Random init, created directly in its shards (the recipe's init, which may read the
+    fixed params)."""
+    init, reads_fixed = self.recipe.fresh_init(self.family, self.vocabulary, self.config.seed)
 
     def create(rng, *fixed):
-      params = self.family.init_params(rng)
-      if ids:
-        params = self.family.with_initial_prompt(params, fixed[0], ids)
-      return TrainState.create(params, self.optimizer)
-    fixed = (self.fixed_params,) if ids else ()
+      return TrainState.create(init(rng, *fixed), self.optimizer)
+    fixed = (self.fixed_params,) if reads_fixed else ()
     return jax.jit(create, out_shardings=self.state_shardings)(
         jax.random.key(self.config.seed), *fixed)
 
@@ -319,71 +209,10 @@ class Trainer:
                    out_shardings=self.state_shardings)(params)
 
   def initial_params(self, path: str, log: Callable[[str], None] = print) -> tuple[Tree, int]:
-    """(params, step) from INITIAL_CHECKPOINT_PATH: a t5lite checkpoint or an HF directory.
-
-    A checkpoint of another head (a pretrained BERT for a classifier) or a smaller vocabulary
-    (tokens added for finetuning) warm-starts the model (t5lite.train.warm_start): the
-    backbone carries over, the new params keep their fresh initialization."""
-    path = os.path.expanduser(path)
-    hf = os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
-        os.path.join(path, ckpt_lib.CHECKPOINTS_DIR))
-    wanted = warm_start.shapes_of(self.abstract_params)
-    if hf:
-      hf_params, old_vocab = self._hf_params(path)
-      saved, step = warm_start.shapes_of(hf_params), 0
-    else:
-      saved = checkpoint_reader.saved_param_shapes(path)
-    if saved == wanted:
-      if hf:
-        return self._place(hf_params), 0
-      return checkpoint_reader.restore_params(path, self.abstract_params)
-    if not hf:
-      old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
-    # Rows are added only for ids the task's vocabulary has beyond the checkpoint's (added
-    # tokens): a model merely configured with another vocab_size is refused, as before.
-    grows = self.vocabulary is not None and self.vocabulary.vocab_size > old_vocab
-    plan = warm_start.plan_warm_start(
-        wanted, saved, old_vocab=old_vocab,
-        new_vocab=self.model_config.vocab_size if grows else old_vocab, source=path)
-    log(f"t5lite: warm start from {path}: {plan.summary()}")
-    if hf:
-      loaded = {k: v for k, v in warm_start.flat(hf_params).items()
-                if k in plan.carried or k in plan.grown}
-    else:
-      replicated = NamedSharding(self.mesh, P())
-      abstract = {k: (v if k in plan.carried else jax.ShapeDtypeStruct(saved[k], v.dtype,
-                                                                         sharding=replicated))
-                  for k, v in warm_start.flat(self.abstract_params).items()
-                  if k in plan.carried or k in plan.grown}
-      tree = warm_start.subset_tree(self.abstract_params, abstract)
-      restored, step = checkpoint_reader.restore_params(path, tree, subset=True)
-      loaded = warm_start.flat(restored)
-    fresh = jax.jit(self.family.init_params, out_shardings=self.param_shardings)(
-        jax.random.key(self.config.seed))
-    return warm_start.merge(fresh, loaded, plan), step
-
-  def _hf_params(self, path: str) -> tuple[Tree, int]:
-    """(params as numpy, the checkpoint's vocab_size) of an HF directory."""
-    from t5lite.interop.hf.checkpoints import load_hf  # torch-free unless the checkpoint is a .bin
-    hf_config, params = load_hf(path)
-    mine, theirs = self.model_config.to_dict(), hf_config.to_dict()
-    grows = self.vocabulary is not None and self.vocabulary.vocab_size > theirs["vocab_size"]
-    shape_fields = ("vocab_size",) * (not grows) + ("d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
-                    "num_decoder_layers", "mlp_activation", "tie_output_embedding")
-    differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
-              if mine[k] != theirs[k]]
-    if differ:
-      raise ConfigError(f"HF checkpoint {path} does not fit this model config:\n  "
-                        + "\n  ".join(differ))
-    if self.model_config.scan_layers:
-      from t5lite.models.params import scan_params
-      params = scan_params(params, self.model_config)
-    return params, hf_config.vocab_size
-
-  def _place(self, params: Tree) -> Tree:
-    dtype = jnp.dtype(self.model_config.param_dtype)
-    return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x).astype(dtype), s), params,
-                        self.param_shardings)
+    """(params, step) from INITIAL_CHECKPOINT_PATH: a t5lite checkpoint or an HF directory,
+    warm-starting a model of another head or a larger vocabulary (t5lite.train.initial_params)."""
+    return initial_params_lib.load(path, self.program, self.model_config, self.vocabulary,
+                                   self.config.seed, log)
 
 
 def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None = None,
@@ -403,34 +232,27 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
                       f"{model_config.vocab_size}: set ModelConfig.vocab_size >= "
                       f"{vocabulary.vocab_size} (T5 rounds up to a multiple of 128)")
   eos = getattr(vocabulary, "eos_id", None)
-  if eos is not None and eos != model_config.eos_id and family_of(model_config).decodes:
+  family = family_of(model_config, config.step.loss_options())
+  if eos is not None and eos != model_config.eos_id and family.decodes:
     # Training is unaffected; decoding would stop at the wrong token (or never).
     log(f"note: the vocabulary's EOS is id {eos} but ModelConfig.eos_id={model_config.eos_id}, "
         f"where decoding stops: set ModelConfig.eos_id={eos} to decode this task")
   check_heads(model_config, tasks_of(config.mixture_or_task_name))
-  trainer = Trainer(model_config, config, mesh)
-  model_config = trainer.model_config  # a PEFT run's has its adapter
+  trainer = Trainer(model_config, config, mesh, vocabulary=vocabulary, family=family)
+  model_config = trainer.model_config  # the recipe's (with its adapter, say)
   model_dir_lib.check_shared(config.model_dir)  # several processes: all see MODEL_DIR
   # Every process refuses an incompatible MODEL_DIR (so all stop; none waits for the others in
   # a collective), before anything is written there.
   model_dir_lib.check_compatible(config.model_dir, model_config)
   model_dir_lib.check_vocabulary(config.model_dir, vocabulary)
-  if config.distillation is not None:  # the teacher MODEL_DIR's run learns from
-    teacher_lib.check_record(config.model_dir, trainer.teacher_record)
-    model_dir_lib.check_vocabulary(trainer.teacher.home, vocabulary, "the teacher")
-  if trainer.peft is not None:  # the base the adapters were trained on, and no other
-    peft_record.check_same(config.model_dir, trainer.peft.record)
-    model_dir_lib.check_vocabulary(trainer.peft.where.home, vocabulary, "the PEFT base")
+  trainer.recipe.check(config.model_dir, vocabulary)  # what rides along: as MODEL_DIR recorded
   if not trainer.is_primary:
     log = _silent  # one progress line per job, from process 0
 
   def prepare() -> None:  # once the run is sure to go on
     if trainer.is_primary:
       model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
-      if config.distillation is not None:
-        teacher_lib.write_record(config.model_dir, trainer.teacher_record)
-      if trainer.peft is not None:
-        peft_record.write(config.model_dir, trainer.peft.record)
+      trainer.recipe.record(config.model_dir)
 
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
   with part.activate(trainer.mesh, trainer.rules), preemption.SIGTERM as sigterm, \
