@@ -33,24 +33,28 @@ def environment(devices: int | None = None, tests_on_path: bool = False,
   return out
 
 
-def argv(*args, python: str | None = None, script=None, console: bool = False) -> list[str]:
+def argv(*args, python: str | None = None, script=None, module: str | None = None,
+         console: bool = False) -> list[str]:
   """[bin/t5lite] if console, [python, -c, code] for python=code, [python, script] for a
-  script, else [python, -m, t5lite.cli]; then args, str()-ed."""
+  script, [python, -m, module] for a module (pip), else [python, -m, t5lite.cli]; then args,
+  str()-ed."""
   if console:
     head = [os.path.join(os.path.dirname(sys.executable), "t5lite")]
   elif python is not None:
     head = [sys.executable, "-c", python]
   elif script is not None:
     head = [sys.executable, str(script)]
+  elif module is not None:
+    head = [sys.executable, "-m", module]
   else:
     head = [sys.executable, "-m", "t5lite.cli"]
   return head + [str(a) for a in args]
 
 
 def run_t5lite(*args, wait: bool = True, python: str | None = None, script=None,
-           console: bool = False, devices: int | None = None, tests_on_path: bool = False,
-           env: dict | None = None, input: str | None = None, log=None, cwd=REPO,
-           timeout: float = DEFAULT_TIMEOUT, expect: int | None = None):
+               module: str | None = None, console: bool = False, devices: int | None = None,
+               tests_on_path: bool = False, env: dict | None = None, input: str | None = None,
+               log=None, cwd=REPO, timeout: float = DEFAULT_TIMEOUT, expect: int | None = None):
   """Runs `t5lite ARGS` (see argv() for the other forms) in a subprocess.
 
   wait=True: returns the CompletedProcess (text stdout/stderr, or both in `log` when given),
@@ -58,7 +62,7 @@ def run_t5lite(*args, wait: bool = True, python: str | None = None, script=None,
   (the process is killed) and AssertionError, with stderr's tail, when `expect` is set and
   the exit code differs. wait=False: returns the Popen (output to `log`, a path, stderr
   folded in; else pipes), killed at the test's teardown if still running."""
-  command = argv(*args, python=python, script=script, console=console)
+  command = argv(*args, python=python, script=script, module=module, console=console)
   environ = environment(devices, tests_on_path, env)
   if not wait:
     if log is not None:
