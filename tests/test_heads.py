@@ -169,6 +169,7 @@ def test_a_head_task_needs_a_model_with_that_head(tmp_path):
   assert not (tmp_path / "model_config.json").exists()  # refused before writing anything
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_finetuning_a_pretrained_encoder_keeps_its_backbone_and_learns(tmp_path):
   """Pretrain MLM + NSP-headed model 3 steps, then finetune a classifier from it: at the

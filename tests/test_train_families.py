@@ -17,7 +17,7 @@ import train_tasks  # noqa: F401 (registers train_test_lm, train_test_prefix_lm,
 from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records,
                      quiet, tiny_decoder_only, tiny_encoder_only, train_config)
 from t5lite.models.electra_config import ElectraConfig
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.config import MoeConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
@@ -104,6 +104,7 @@ def test_the_loss_falls_and_metrics_jsonl_has_every_logged_step(runs, family):
     assert f"eval/{task}/dropped_fraction" in evaluation
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["causal_lm", "electra", "moe_causal_lm"])
 def test_a_resumed_run_continues_bitwise(runs, family, tmp_path):

@@ -23,6 +23,8 @@ from t5lite import cli, count_params
 from t5lite.cli import gin_config
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 60
 LAST = 5  # the loss that must have fallen: the mean of the last LAST steps' losses
 # Fraction of its first loss that a run must get below. On stdlib_lm and stdlib_mlm a model

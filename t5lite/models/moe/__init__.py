@@ -1,0 +1,1 @@
+"""Mixture-of-Experts: the routed MLP layer, its config, and the router losses and figures."""

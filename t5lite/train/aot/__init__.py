@@ -1,0 +1,1 @@
+"""Ahead-of-time compiles of the train step (or decoding) for a topology, and their cost report."""
