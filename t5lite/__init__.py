@@ -4,7 +4,7 @@ Stable API: ModelConfig, load_hf, save_hf, logits, sentence_logits, generate.
 """
 from t5lite.interop.hf.checkpoints import load_hf, save_hf
 from t5lite.models import ModelConfig, count_params, init_params, make_model
-from t5lite.models.decoding import generate
+from t5lite.models.decoding.search import generate
 from t5lite.models.forward import logits, sentence_logits
 
 __version__ = "0.1.0"

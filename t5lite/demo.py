@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Sequence
 
-from t5lite.train.plot import read_metrics
+from t5lite.cli.plot import read_metrics
 
 TASK = "stdlib_docstring_summary"
 LENGTHS = "{'inputs': 256, 'targets': 32}"  # as in gin/runs/demo_finetune.gin

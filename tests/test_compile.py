@@ -19,7 +19,8 @@ from helpers import tiny
 from t5lite import cli
 from t5lite.families import family_of
 from t5lite.runtime import partitioning as part
-from t5lite.train import aot_compile, aot_cost
+from t5lite.train.aot import compiler as aot_compile
+from t5lite.train.aot import cost as aot_cost
 from t5lite.train.trainer import TrainConfig
 
 GIN = ["--gin_file=gin/runs/pretrain.gin", "--gin_file=gin/models/tiny.gin",

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import t5lite
-from t5lite.models import decoding, init_params, make_model
-from t5lite.models.beam_search import beam_search, top_k_by_blocks
+from t5lite.models import init_params, make_model
+from t5lite.models.decoding import search as decoding
+from t5lite.models.decoding.beam import beam_search, top_k_by_blocks
 from t5lite.models.params import abstract_params, scan_params, unscan_params
 
 from helpers import hf_generate, hf_t5, tiny

@@ -26,7 +26,7 @@ from t5lite.families import distillation_losses as dl
 from t5lite.families import family_of
 from t5lite.families.distillation import (DISTILBERT, PROJECTION, TINYBERT_GENERAL,
                                           Distillation, DistillationConfig)
-from t5lite.train import teacher as teacher_lib
+from t5lite.train.recipes import teacher as teacher_lib
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.partitioning import MeshConfig, logical_axis_rules, make_mesh

@@ -14,7 +14,7 @@ from t5lite import cli
 from t5lite.data.registry import TaskRegistry
 from t5lite.eval import metrics, run
 from t5lite.eval.evaluator import DecodeConfig
-from t5lite.models import decoding
+from t5lite.models.decoding import search as decoding
 from t5lite.runtime.model_dir import load_params
 from t5lite.train.trainer import train
 

@@ -11,7 +11,8 @@ import pytest
 from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine, format_duration
-from t5lite.train import cost_model, plot
+from t5lite.train import cost_model
+from t5lite.cli import plot
 
 
 # --- metrics.jsonl and TensorBoard -------------------------------------------------------------

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import t5lite
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
-from t5lite.models import moe_losses
+from t5lite.models.moe import losses as moe_losses
 from t5lite.models.config import ModelConfig
 from t5lite.models.electra_config import ElectraConfig
-from t5lite.models.moe import combine, dispatch, route
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.layer import combine, dispatch, route
+from t5lite.models.moe.config import MoeConfig
 
 SWITCH_CONFIGS = {  # odd shapes; capacity 3 overflows at these lengths
     "steps_3_2": dict(vocab_size=97, d_model=20, d_kv=6, d_ff=36, num_layers=3,

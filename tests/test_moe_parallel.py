@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 import train_tasks  # noqa: F401 (registers train_test_sc)
 from helpers import assert_trees_equal, checkpoint_params, quiet, tiny, train_config
 from t5lite.errors import ConfigError
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.config import MoeConfig
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime.partitioning import (MeshConfig, logical_axis_rules, make_mesh,
                                          param_shardings)

@@ -15,7 +15,8 @@ from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.interop import params_only
 from t5lite.families import family_of
-from t5lite.models import adapters, decoding
+from t5lite.models import adapters
+from t5lite.models.decoding import search as decoding
 from t5lite.models.adapters import AdapterConfig
 from t5lite.runtime import partitioning
 from t5lite.interop.peft import adapter_batch

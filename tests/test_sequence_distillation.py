@@ -1,8 +1,8 @@
-"""Sequence-level knowledge distillation (t5lite.train.sequence_distillation): a task whose
+"""Sequence-level knowledge distillation (t5lite.train.recipes.sequence_distillation): a task whose
 targets are a teacher's beam-search outputs on another task's inputs, decoded once and cached.
 
 The expected targets are computed apart from the module, by the evaluator's own decoding of
-the source task (TaskEvaluator.predict: the same batches, t5lite.models.decoding.generate),
+the source task (TaskEvaluator.predict: the same batches, t5lite.models.decoding.search.generate),
 cut at the first EOS. A tiny random teacher is enough: beam search with the length penalty
 ends its hypotheses at different lengths, so the EOS handling is exercised.
 """
@@ -17,7 +17,7 @@ import pytest
 import train_tasks
 from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_config
 from t5lite.data import preprocessors as pp
-from t5lite.train import sequence_distillation as sd
+from t5lite.train.recipes import sequence_distillation as sd
 from t5lite.data.registry import TaskRegistry, add_task
 from t5lite.data.sources.readers import FunctionSource
 from t5lite.data.vocab.vocabularies import ByteVocabulary

@@ -23,7 +23,7 @@ from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabula
 from t5lite.interop.serving import artifact as serving
 from t5lite.interop.serving import serving_loader
 from t5lite.interop.params_only import cast_params, write_model_dir
-from t5lite.models import decoding
+from t5lite.models.decoding import search as decoding
 from t5lite.models.params import init_params
 from t5lite.runtime.model_dir import load_params
 

@@ -29,7 +29,7 @@ import statistics
 import time
 
 from t5lite.bench import fresh_out, machine, run_t5lite
-from t5lite.train.plot import read_metrics
+from t5lite.cli.plot import read_metrics
 
 RUN = "gin/runs/demo.gin"
 TASK = "stdlib_span_corruption"

@@ -36,7 +36,7 @@ import os
 import time
 
 from t5lite.bench import fresh_out, machine, run_t5lite
-from t5lite.train.plot import read_metrics
+from t5lite.cli.plot import read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
 MLM_ONLY = ["ModelConfig.electra=None"]

@@ -4,7 +4,7 @@ train / eval / infer take T5X-style --gin_file=F and --gin.NAME=VALUE flags, and
 multi-host flags (--coordinator_address, --num_processes, --process_id); without them a pod's
 layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
 gin flags as train, without the multi-host ones (one process compiles for a whole pod:
-t5lite/train/aot_compile.py), and `smoke` takes a model's. The other verbs take plain flags.
+t5lite/train/aot/compiler.py), and `smoke` takes a model's. The other verbs take plain flags.
 train, eval, infer, compile, smoke, tasks and cache also take --module NAME_OR_PATH: a user's module, imported
 before gin parses, that registers its own tasks, families, objectives or recipes.
 
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_compile_flags(parser) -> None:
-  """`t5lite compile`'s own flags (t5lite.train.aot_compile, imported only when it runs)."""
+  """`t5lite compile`'s own flags (t5lite.train.aot.compiler, imported only when it runs)."""
   parser.add_argument("--topology", default=None, metavar="NAME",
                       help="a TPU topology in chips: v4:AxBxC, v5e:AxB, v5p:AxBxC, v6e:AxB, "
                       "e.g. v5e:16x16 (default: the gin macro POD_TOPOLOGY, which the "
@@ -321,7 +321,7 @@ def _train(args) -> int:
 
 
 def _compile(args) -> int:
-  from t5lite.train import aot_compile
+  from t5lite.train.aot import compiler as aot_compile
   if args.topology is None:  # a pod preset (gin/runs/pods/) names the topology it was sized for
     args.topology = gin_config.macro("POD_TOPOLOGY")
   # A run's MODEL_DIR and task are not needed to compile its step: placeholders when unset.
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
     if args.verb in ("tasks", "cache"):
       return _data_verb(args)
     if args.verb == "plot":
-      from t5lite.train import plot
+      from t5lite.cli import plot
       return plot.main(args.args)
     if args.verb == "bench":
       import importlib  # each benchmark loads only what it measures

@@ -25,7 +25,7 @@ from t5lite.families.distillation import DistillationConfig
 from t5lite.families.peft import PeftConfig
 from t5lite.models.adapters import AdapterConfig
 from t5lite.models.electra_config import ElectraConfig
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.config import MoeConfig
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
 from t5lite.models.config import MOVED_FIELDS, ModelConfig
 from t5lite.runtime.checkpoints import CheckpointConfig

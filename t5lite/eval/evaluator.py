@@ -147,9 +147,9 @@ class TaskEvaluator:
   def predict(self, model_config: ModelConfig, params: Tree, decode: DecodeConfig,
               generate_fn: Callable | None = None) -> list[np.ndarray]:
     """Decoded token ids per example (EOS and padding still in)."""
-    from t5lite.models.decoding import to_host
+    from t5lite.models.decoding.search import to_host
     if generate_fn is None:
-      from t5lite.models.decoding import generate as generate_fn
+      from t5lite.models.decoding.search import generate as generate_fn
     max_length = decode.max_decode_length or self.feature_lengths["targets"]
     inputs_length = self.feature_lengths["inputs"]
     outputs = []
@@ -163,9 +163,9 @@ class TaskEvaluator:
   def score(self, model_config: ModelConfig, params: Tree, batch_size: int,
             score_fn: Callable | None = None) -> list[float]:
     """Each example's target log-likelihood under the model."""
-    from t5lite.models.decoding import to_host
+    from t5lite.models.decoding.search import to_host
     if score_fn is None:
-      from t5lite.models.decoding import score as score_fn
+      from t5lite.models.decoding.search import score as score_fn
     scores = []
     for _, chunk in self._batches(batch_size):
       inputs = pad_rows([ex["inputs"] for ex in chunk], self.feature_lengths["inputs"],

@@ -91,7 +91,7 @@ def few_shot_evaluate(model_config, params: Tree, task: Task, config: FewShotCon
     raise ConfigError(f"few-shot prompting needs a model that continues a prompt (a decoder-only "
                       f"language model); a {family.name!r} model does not")
   if generate_fn is None:
-    from t5lite.models.decoding import generate as generate_fn
+    from t5lite.models.decoding.search import generate as generate_fn
   vocab = task.output_features["targets"].vocabulary
   prompts, examples = build_prompts(task, config, split=split, max_examples=max_examples)
   rows = [vocab.encode(p)[-prompt_length:] for p in prompts]

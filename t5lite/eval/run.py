@@ -248,7 +248,7 @@ def infer(config: InferConfig) -> int:
   import jax
   import tqdm
 
-  from t5lite.models.decoding import generate
+  from t5lite.models.decoding.search import generate
   from t5lite.interop.peft import adapter_batch
   from t5lite.runtime import partitioning as part
   if config.input_path == "-" and jax.process_count() > 1:

@@ -37,9 +37,11 @@ import numpy as np
 
 from t5lite.data.converters.sequence import FeatureConverter
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, losses, moe_losses
+from t5lite.models import losses
+from t5lite.models.decoding import search as decoding
+from t5lite.models.moe import losses as moe_losses
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe import ROUTER
+from t5lite.models.moe.layer import ROUTER
 from t5lite.models.network import make_model
 from t5lite.models.params import init_boxed, unbox_shapes
 
@@ -156,7 +158,7 @@ class Family(abc.ABC):
   def with_router_losses(self, loss_sum: jax.Array, sums: dict[str, jax.Array],
                          routed: Tree | None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """loss_fn's (loss sum, sums) plus a Mixture-of-Experts model's router losses, weighted by
-    the batch's share of the normalizer (t5lite.models.moe_losses); unchanged without."""
+    the batch's share of the normalizer (t5lite.models.moe.losses); unchanged without."""
     if routed is None:
       return loss_sum, sums
     lnf = self.loss.loss_normalizing_factor

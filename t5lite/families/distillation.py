@@ -9,7 +9,7 @@
 
 The student is the run's model (MODEL_CONFIG), of any family; the run's MODEL_DIR is a plain
 student MODEL_DIR (eval, infer and export read it as any other). The teacher is loaded by the
-trainer (t5lite.train.teacher), sharded by the same rules as the student, optionally cast to
+trainer (t5lite.train.recipes.teacher), sharded by the same rules as the student, optionally cast to
 bfloat16, and passed to the step beside the train state (loss_fn's fixed_params): no gradient,
 no optimizer state, never checkpointed or donated, so its params are bitwise the same after
 training. MODEL_DIR/distillation.json records the teacher (path, config, a fingerprint of its
@@ -30,7 +30,7 @@ W (d_student x d_teacher, TinyBERT's fit_dense, one for every layer) is trained 
 student, in params['distillation'], only when a hidden or embedding term is on and the widths
 differ; exports and `load_params` leave it out. g(m) = m N / M. The intermediate terms read
 one stack: encoder-only or decoder-only models (unshared layers); an encoder-decoder distils
-through its outputs (soft, hard) or sequence-level (t5lite.train.sequence_distillation).
+through its outputs (soft, hard) or sequence-level (t5lite.train.recipes.sequence_distillation).
 
 The hard loss is computed from the same student pass: a head's loss or the token cross entropy
 of its targets (a student's NSP / SOP or SpanBERT heads are not part of it).
@@ -58,7 +58,7 @@ from t5lite.families.base import Family, token_loss_sums
 from t5lite.families.registry import family_of
 from t5lite.models.attention import INTERMEDIATES, MASK_VALUE
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe import ROUTER
+from t5lite.models.moe.layer import ROUTER
 
 Tree = Any
 PROJECTION = "distillation"
@@ -135,7 +135,7 @@ class Distillation(Family):
   def wrap(cls, student: Family, options: DistillationConfig,
            teacher_config: ModelConfig) -> "Distillation":
     """The recipe around a student family and a teacher of that config (the trainer reads it:
-    t5lite.train.teacher); checks that the teacher fits the student."""
+    t5lite.train.recipes.teacher); checks that the teacher fits the student."""
     teacher = family_of(teacher_config)
     s, t = student.config, teacher.config
     if s.vocab_size != t.vocab_size:

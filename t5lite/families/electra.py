@@ -44,7 +44,7 @@ from t5lite.families.encoder_only import EncoderOnlyFamily, on_chosen
 from t5lite.families.landmarks import ArchitectureChecked
 from t5lite.families.registry import register
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe import ROUTER
+from t5lite.models.moe.layer import ROUTER
 from t5lite.models.network import EncoderOnly, make_model
 from t5lite.models.params import init_boxed
 

@@ -22,7 +22,7 @@ from t5lite.families.base import (Family, attention_params, stack_mlp_params,
                                   token_loss_sums)
 from t5lite.families.registry import register
 from t5lite.models import losses
-from t5lite.models.moe import ROUTER
+from t5lite.models.moe.layer import ROUTER
 
 
 def mlm_slots(length: int) -> int:
@@ -104,7 +104,7 @@ class EncoderOnlyFamily(Family):
         {"params": params}, *args, method=method, rngs={"dropout": rng} if dropout else None,
         **kwargs)
     inputs = [batch.get(k) for k in model.INPUTS]
-    routed = None  # what sparse layers sowed (t5lite.models.moe), for the router losses
+    routed = None  # what sparse layers sowed (t5lite.models.moe.layer), for the router losses
     if self.config.moe is None:
       states = apply("hidden_states", *inputs)  # (B, L, D)
     else:

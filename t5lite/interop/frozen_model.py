@@ -21,7 +21,7 @@ from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.interop.hf import checkpoints as hf
 from t5lite.interop import limits
 from t5lite.models.config import ModelConfig
-from t5lite.models.decoding import to_host
+from t5lite.models.decoding.search import to_host
 from t5lite.runtime import model_dir, partitioning
 
 Tree = Any

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from t5lite.errors import ConfigError
 from t5lite.models.adapters import AdapterConfig
 from t5lite.models.electra_config import ElectraConfig
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.config import MoeConfig
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
 
 ARCHITECTURES = ("encoder_decoder", "decoder_only", "encoder_only")
@@ -174,7 +174,7 @@ class ModelConfig:
   """Parameter-efficient finetuning (t5lite.models.adapters): LoRA branches on the targeted
   kernels. The PEFT recipe (TrainConfig.peft) sets it; None: the plain network."""
   moe: MoeConfig | None = None
-  """Mixture-of-Experts (t5lite.models.moe_config): routed MLPs in some layers of each stack
+  """Mixture-of-Experts (t5lite.models.moe.config): routed MLPs in some layers of each stack
   (Switch Transformers, top-k). None: every MLP dense."""
   electra: ElectraConfig | None = None
   """Encoder-only pretraining (t5lite.models.electra_config): ELECTRA's discriminator head in

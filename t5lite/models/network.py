@@ -40,7 +40,7 @@ class _Model(nn.Module):
   """False enables dropout (then apply needs a 'dropout' rng)."""
   cache_length: int = 0
   """> 0: the decoder runs incrementally over a 'cache' collection of this many positions
-  (t5lite.models.decoding); params are the same."""
+  (t5lite.models.decoding.search); params are the same."""
 
   def _embedder(self) -> Embed:
     cfg = self.config

@@ -4,7 +4,7 @@ Transformer), unrolled, scanned or shared across layers (ALBERT), with optional 
 An Encoder stack attends bidirectionally within segments; a Decoder stack is causal (or
 prefix-LM) and, in an encoder-decoder model, cross-attends to the encoder's output.
 
-With cache_length > 0 a Decoder runs incrementally (t5lite.models.decoding): each call takes
+With cache_length > 0 a Decoder runs incrementally (t5lite.models.decoding.search): each call takes
 the next tokens at their `positions`, self-attention keys/values live in a 'cache' variable
 collection of cache_length slots, and cross-attention projects the encoder output once.
 """
@@ -21,7 +21,7 @@ from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_ma
                                      mask_to_bias, prefix_lm_mask, segment_mask, with_prompt)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
-from t5lite.models.moe import RoutedMlp
+from t5lite.models.moe.layer import RoutedMlp
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
                                      add_position_bias, interleaved_sinusoidal_embedding,
                                      sinusoidal_embedding)
@@ -60,7 +60,7 @@ class EncoderLayer(nn.Module):
   cache_length: int = 0
   """> 0: incremental decoding with a self-attention cache of this many slots."""
   sparse: bool = False
-  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe)."""
+  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe.layer)."""
 
   @nn.compact
   def __call__(self, x, bias, positions):
@@ -83,7 +83,7 @@ class DecoderLayer(nn.Module):
   cache_length: int = 0
   """> 0: incremental decoding (self-attention cache, cross-attention K/V projected once)."""
   sparse: bool = False
-  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe)."""
+  """A Mixture-of-Experts layer: its MLP is routed (t5lite.models.moe.layer)."""
 
   @nn.compact
   def __call__(self, x, self_bias, positions, encoded, cross_bias):

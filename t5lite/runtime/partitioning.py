@@ -21,7 +21,7 @@ embed stays unsharded; parameters have no `batch` axis, so their embed dimension
 No second name (maxtext's `activation_embed`) is needed, and the model stays unaware of FSDP.
 The rule order is therefore load-bearing: keep `batch` before `embed`.
 
-Expert parallelism (Mixture-of-Experts, t5lite.models.moe): the 'expert' axis splits the batch
+Expert parallelism (Mixture-of-Experts, t5lite.models.moe.layer): the 'expert' axis splits the batch
 like 'data' and, in the sparse layers, the experts: kernels (E, D, F) and the dispatched
 tokens (E, B, C, D) put their `expert` dimension on it, so each device group computes its
 experts for the tokens of its data shard, and GSPMD moves tokens with all-to-alls. The

@@ -6,7 +6,7 @@
 With libtpu installed (the `tpu` extra: `pip install -e .[tpu]`, the libtpu that jax[tpu]
 pins for the installed jax), jax.experimental.topologies.get_topology_desc describes a pod's
 devices on any host; a Mesh over them and jax.jit(...).lower(...).compile() give the real TPU
-executable (t5lite.train.aot_compile). On a host without TPUs libtpu prints warnings about
+executable (t5lite.train.aot.compiler). On a host without TPUs libtpu prints warnings about
 TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES when it loads; compiling works regardless.
 
 Names are `GENERATION:AxBxC` in chips, as Cloud TPU's topology flag writes them: `v5e:16x16`

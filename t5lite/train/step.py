@@ -117,7 +117,7 @@ def train_step(state: TrainState, batch: Batch, *, family: Family,
   seed and the saved step (reproducible across restarts). frozen (bool scalar): when True the
   update is not applied and the step does not advance, whatever the loss (see 'stop' in the
   module docstring). fixed_params: params the loss reads but never trains (a distillation
-  teacher: t5lite.train.teacher), passed to loss_fn and never differentiated.
+  teacher: t5lite.train.recipes.teacher), passed to loss_fn and never differentiated.
 
   metrics (scalars): loss (z-loss included, normalized as configured), grad_norm (global L2
   norm of the normalized gradients), nonfinite (bool), and the family's own figures

@@ -7,7 +7,7 @@ shapes, the jitted step and eval functions, and the abstract arguments of one st
 
 One function for both callers, so that what is compiled ahead of time is what trains: the
 Trainer (t5lite.train.trainer) builds it over the run's devices and feeds real arrays;
-`t5lite compile` (t5lite.train.aot_compile) builds it over a TPU topology's devices and lowers
+`t5lite compile` (t5lite.train.aot.compiler) builds it over a TPU topology's devices and lowers
 it with the abstract arguments, never materializing a parameter.
 """
 from __future__ import annotations

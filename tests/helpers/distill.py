@@ -5,7 +5,7 @@ import numpy as np
 from t5lite.families import family_of
 from t5lite.families.distillation import Distillation
 from t5lite.interop import params_only
-from t5lite.train import teacher as teacher_lib
+from t5lite.train.recipes import teacher as teacher_lib
 
 
 def log_softmax(x):

@@ -21,7 +21,7 @@ from t5lite.interop.hf import t5 as hf_t5
 from t5lite.interop import limits
 from t5lite.interop.hf.layout import Entry, HFLayout, refuse, register
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe_config import MoeConfig
+from t5lite.models.moe.config import MoeConfig
 
 TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu_new", "gelu_exact": "gelu"}
 FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()}

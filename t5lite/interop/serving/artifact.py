@@ -50,7 +50,7 @@ from t5lite.data.vocab.vocabularies import Vocabulary, load_vocabulary
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
 from t5lite.models import adapters as adapters_lib
-from t5lite.models import decoding
+from t5lite.models.decoding import search as decoding
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
 

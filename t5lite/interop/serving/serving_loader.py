@@ -36,7 +36,7 @@ import safetensors.numpy
 
 MANIFEST_FILE = "serving.json"
 FORMAT = "t5lite-serving"
-# XLA:CPU options of the decoding programs (t5lite.models.decoding.CPU_COMPILER_OPTIONS: this
+# XLA:CPU options of the decoding programs (t5lite.models.decoding.search.CPU_COMPILER_OPTIONS: this
 # file runs without t5lite, so it keeps its own copy).
 CPU_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 PAD_ID, EOS_ID = 0, 1

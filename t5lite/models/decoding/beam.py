@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from t5lite.models.decoding_types import EOS_ID, Prefill
+from t5lite.models.decoding.types import EOS_ID, Prefill
 
 NEG_INF = -1.0e7  # T5X's "effective -inf": finite, so sums and comparisons stay well defined
 CROSS_ATTENTION = "encoder_decoder_attention"  # DecoderLayer's cross-attention module name

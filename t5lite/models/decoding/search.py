@@ -15,7 +15,7 @@ Design
     function that feeds one token per row.
   * One jitted program per (config, decoding settings, batch, input length, max length):
     encoder + prefill + a `lax.while_loop` over output positions that stops at
-    max_decode_length or once every row has emitted EOS (beam search: see beam_search.py).
+    max_decode_length or once every row has emitted EOS (beam search: see beam.py).
   * Decoder-only prompts are left-aligned and right-padded with 0. Each row continues from
     its own length: per-row positions (RoPE angles, relative-bias offsets) and per-row cache
     slots, so a row decodes exactly as it would alone; stale slots past a row's position are
@@ -42,9 +42,9 @@ import numpy as np
 
 from t5lite.errors import ConfigError
 from t5lite.models import adapters
-from t5lite.models.beam_search import beam_search
+from t5lite.models.decoding.beam import beam_search
 from t5lite.models.config import ModelConfig
-from t5lite.models.decoding_types import EOS_ID, PAD_ID, Prefill
+from t5lite.models.decoding.types import EOS_ID, PAD_ID, Prefill
 from t5lite.models.network import make_model
 from t5lite.models.params import Params, unscan_params
 

@@ -1,6 +1,6 @@
 """MoeConfig: the Mixture-of-Experts option of a model's MLPs (ModelConfig.moe).
 
-Some MLP blocks of each stack become routed MLPs (t5lite.models.moe): a float32 router picks
+Some MLP blocks of each stack become routed MLPs (t5lite.models.moe.layer): a float32 router picks
 the top-k of `num_experts` experts for every token, each expert an MLP of the model's own
 shape, and an expert takes at most `capacity` tokens of a sequence; tokens past it skip the
 block (the residual alone carries them). Which layers are sparse follows HF's Switch

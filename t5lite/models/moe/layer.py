@@ -12,7 +12,7 @@ a CPU more than the experts themselves at small sizes). With the expert kernels'
 `expert` axis on a mesh axis, the reshard of the slots between two sharding constraints is the
 all-to-all of expert parallelism. The module sows, per sparse layer, its router logits, the
 number of token choices per expert and how many of them an expert took, into the `router`
-collection (t5lite.models.moe_losses turns those into the losses and metrics).
+collection (t5lite.models.moe.losses turns those into the losses and metrics).
 
 Params of a sparse layer's `mlp`: router (D, E); wi (or wi_0 and wi_1) (E, D, F); wo (E, F, D). Example (E=4, top-1, capacity 2, one sequence choosing experts
 [0, 0, 0, 1]): the third token is dropped (expert 0 is full), the others each go to theirs.

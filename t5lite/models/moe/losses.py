@@ -1,5 +1,5 @@
 """Router losses and routing figures of a Mixture-of-Experts model, from what its sparse
-layers sowed into the `router` collection (t5lite.models.moe).
+layers sowed into the `router` collection (t5lite.models.moe.layer).
 
 Per layer (T5X's and HF's formulas, groups = sequences):
   z-loss    mean over tokens of logsumexp(router logits)^2
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from t5lite.models.config import ModelConfig
-from t5lite.models.moe import top_k_experts
+from t5lite.models.moe.layer import top_k_experts
 
 
 def _layers(router_state: Mapping) -> list[tuple[tuple, str, int, dict]]:

@@ -19,7 +19,7 @@ features, and the same jitted `windowed_train_step` with the same shardings and 
     estimate of the step time; the estimated MFU it implies is analytic model FLOPs /
     (optimal_seconds x chips x peak bf16). An estimate from the compiler, not a measurement.
     XLA counts a loop's body once: for scanned layers or microbatches the whole step's
-    figures come from loop-free compiles of 1 and 2 layers, extrapolated (t5lite.train.aot_cost).
+    figures come from loop-free compiles of 1 and 2 layers, extrapolated (t5lite.train.aot.cost).
 
 The table ends with one JSON line (keys: fits, bytes_per_device, hbm_bytes, flops_per_device,
 analytic_flops_per_device, optimal_seconds, estimated_mfu, compile_s, ...). `--emit-hlo DIR`
@@ -48,7 +48,8 @@ from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import partitioning as part
 from t5lite.runtime import topologies
-from t5lite.train import aot_cost, recipes, step_program
+from t5lite.train import recipes, step_program
+from t5lite.train.aot import cost as aot_cost
 from t5lite.train.loop import step_memory
 
 def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = print) -> int:
@@ -94,7 +95,7 @@ def _program(model_config: ModelConfig, config, mesh) -> step_program.StepProgra
 
 def _decode_call(model_config: ModelConfig, config, program: step_program.StepProgram):
   """(jitted generate program, its abstract args) for TrainConfig.decode's settings."""
-  from t5lite.models import decoding
+  from t5lite.models.decoding import search as decoding
   d = config.decode
   lengths = config.task_feature_lengths
   method = d.method
@@ -180,7 +181,7 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
 def _unrolled_cost(model_config: ModelConfig, config, mesh, loops: str,
                    report: dict[str, Any]) -> dict[str, Any]:
   """The whole step's flops and optimal_seconds when the train program loops (XLA counts a
-  loop body once): extrapolated from loop-free compiles (t5lite.train.aot_cost)."""
+  loop body once): extrapolated from loop-free compiles (t5lite.train.aot.cost)."""
   def compile_cost(model, train):
     built = _program(model, train, mesh)
     with part.activate(mesh, built.rules), _no_persistent_cache():

@@ -3,14 +3,14 @@ frozen teacher.
 
 The teacher's config is read first (the loss needs its shapes: Distillation.wrap checks that
 it fits the student), then its params are loaded once, sharded by the run's rules and cast to
-DistillationConfig.teacher_dtype: the step's fixed_params (t5lite.train.teacher).
+DistillationConfig.teacher_dtype: the step's fixed_params (t5lite.train.recipes.teacher).
 MODEL_DIR/distillation.json names the teacher: a resumed run with another is refused.
 """
 from __future__ import annotations
 
 from t5lite.families.distillation import Distillation, DistillationConfig
 from t5lite.runtime import model_dir as model_dir_lib
-from t5lite.train import teacher as teacher_lib
+from t5lite.train.recipes import teacher as teacher_lib
 from t5lite.train.recipes.base import Recipe
 from t5lite.train.recipes.registry import register
 

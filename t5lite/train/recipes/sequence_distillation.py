@@ -7,7 +7,7 @@ distillation for translation and lets greedy students approach beam-search teach
 teacher's outputs become a registered Task, so any student trains on them with the normal
 trainer, pipeline and gin files (logit distillation: t5lite.families.distillation).
 
-    from t5lite.train.sequence_distillation import add_sequence_distillation_task
+    from t5lite.train.recipes.sequence_distillation import add_sequence_distillation_task
     add_sequence_distillation_task(          # in a tasks module; the student's gin then has
         "wmt_ende_distilled",                # MIXTURE_OR_TASK_NAME = "wmt_ende_distilled"
         source_task="wmt_t2t_ende_v003", teacher="/runs/t5_large_ende",
@@ -75,7 +75,7 @@ from t5lite.data.registry import MixtureRegistry, Task, TaskRegistry, add_task, 
 from t5lite.data.rows import PipelineConfig, task_row_dataset
 from t5lite.data.vocab.vocabularies import load_vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError, ConfigKeyError
-from t5lite.train import teacher as teacher_lib
+from t5lite.train.recipes import teacher as teacher_lib
 
 FORMAT = 1  # in every key: records that come to mean something else never read old entries
 FOLDER = "_sequence_distillation"
