@@ -9,7 +9,7 @@
 
 The student is the run's model (MODEL_CONFIG), of any family; the run's MODEL_DIR is a plain
 student MODEL_DIR (eval, infer and export read it as any other). The teacher is loaded by the
-trainer (t5lite.train.recipes.teacher), sharded by the same rules as the student, optionally cast to
+distillation recipe (t5lite.train.recipes.teacher), sharded by the same rules as the student, optionally cast to
 bfloat16, and passed to the step beside the train state (loss_fn's fixed_params): no gradient,
 no optimizer state, never checkpointed or donated, so its params are bitwise the same after
 training. MODEL_DIR/distillation.json records the teacher (path, config, a fingerprint of its
@@ -134,8 +134,8 @@ class Distillation(Family):
   @classmethod
   def wrap(cls, student: Family, options: DistillationConfig,
            teacher_config: ModelConfig) -> "Distillation":
-    """The recipe around a student family and a teacher of that config (the trainer reads it:
-    t5lite.train.recipes.teacher); checks that the teacher fits the student."""
+    """The family around a student family and a teacher of that config (the distillation
+    recipe reads it: t5lite.train.recipes.teacher); checks that the teacher fits the student."""
     teacher = family_of(teacher_config)
     s, t = student.config, teacher.config
     if s.vocab_size != t.vocab_size:
