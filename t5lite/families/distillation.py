@@ -9,11 +9,11 @@
 
 The student is the run's model (MODEL_CONFIG), of any family; the run's MODEL_DIR is a plain
 student MODEL_DIR (eval, infer and export read it as any other). The teacher is loaded by the
-distillation recipe (t5lite.train.recipes.teacher), sharded by the same rules as the student, optionally cast to
-bfloat16, and passed to the step beside the train state (loss_fn's fixed_params): no gradient,
-no optimizer state, never checkpointed or donated, so its params are bitwise the same after
-training. MODEL_DIR/distillation.json records the teacher (path, config, a fingerprint of its
-params); a resumed run with another teacher is refused.
+distillation recipe (t5lite.train.recipes.teacher), sharded by the same rules as the student,
+optionally cast to bfloat16, and passed to the step beside the train state (loss_fn's
+fixed_params): no gradient, no optimizer state, never checkpointed or donated, so its params
+are bitwise the same after training. MODEL_DIR/distillation.json records the teacher (path,
+config, a fingerprint of its params); a resumed run with another teacher is refused.
 
 The loss, each term a mean over its positions (distillation_losses), weighted:
 

@@ -10,10 +10,11 @@
 The run's model is its MODEL_CONFIG with `adapter` set (t5lite.models.adapters: LoRA branches
 on the targeted kernels). The base's params are loaded by the PEFT recipe
 (t5lite.train.recipes.peft), optionally in bfloat16, and the trainer passes them to every step
-beside the train state (loss_fn's fixed_params), as a distillation teacher is: no gradient,
-no optimizer state, never donated or checkpointed, so they are bitwise the same after training. The train state holds the adapters alone: the optimizer keeps
-state for them only, and checkpoints hold them only (t5lite.interop.peft.record: RUN_DIR/
-peft.json names the base and its fingerprint; eval, infer and export join the two).
+beside the train state (loss_fn's fixed_params), as a distillation teacher is: no gradient, no
+optimizer state, never donated or checkpointed, so they are bitwise the same after training.
+The train state holds the adapters alone: the optimizer keeps state for them only, and
+checkpoints hold them only (t5lite.interop.peft.record: RUN_DIR/peft.json names the base and
+its fingerprint; eval, infer and export join the two).
 
 Params the adapted model has and the base lacks (a new finetuning head on a pretrained
 encoder) train whole beside the adapters and are stored with them (peft's modules_to_save);
