@@ -7,7 +7,8 @@ Both read C4's "text" field from one of three places, chosen when a split is fir
      export T5LITE_C4_JSON='/data/c4/en/c4-train.*-of-01024.json.gz'
    The validation split reads the same pattern with "c4-train" -> "c4-validation"; or write
    "{split}" in the pattern: '/data/c4/en/c4-{split}.*.json.gz'.
-2. TFDS tfrecord files converted once with t5lite.data.sources.tfrecord.convert_tfrecord_to_array_record:
+2. TFDS tfrecord files converted once with
+   t5lite.data.sources.tfrecord.convert_tfrecord_to_array_record:
      export T5LITE_C4_ARRAY_RECORD='/data/c4_ar/c4-train.array_record-*'   (same split rule)
 3. Otherwise the TFDS array_record dataset c4/en:3.1.0, in $T5LITE_TFDS_DATA_DIR or TFDS's
    default data_dir (a tfrecord build becomes readable with

@@ -2,8 +2,8 @@
 
   stdlib_sentence_pair_gpt1   stdlib_sentence_pair_head's pairs (is B the sentence after A
       in the same docstring, 1, or one from another module's, 0?) as
-      [START] A [DELIM] B [EXTRACT] (t5lite.data.converters.gpt_inputs) in the embedded byte-level BPE
-      (stdlib_lm's) with the three tokens added (ids 4000, 4001, 4002); accuracy and F1.
+      [START] A [DELIM] B [EXTRACT] (t5lite.data.converters.gpt_inputs) in the embedded byte-level
+      BPE (stdlib_lm's) with the three tokens added (ids 4000, 4001, 4002); accuracy and F1.
 
 Train it with a decoder-only model with head='sequence_classification', num_labels=2 and
 lm_loss_weight=0.5 (GPT-1's recipe), from a stdlib_lm checkpoint: gin/runs/gpt1_finetune.gin.

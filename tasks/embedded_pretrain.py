@@ -2,8 +2,8 @@
 
 All read the stdlib docstrings (t5lite_tasks.embedded: its sources, its WordPiece vocabulary
 of 4000 ids, [PAD] 0 [UNK] 1 [CLS] 2 [SEP] 3 [MASK] 4, nothing downloaded) and mask 15% of
-the non-special tokens with new masks every epoch (t5lite.data.objectives.masking); the sentence tasks
-split documents into sentences with pysbd (t5lite.data.objectives.sentence_pairs):
+the non-special tokens with new masks every epoch (t5lite.data.objectives.masking); the sentence
+tasks split documents into sentences with pysbd (t5lite.data.objectives.sentence_pairs):
 
   stdlib_bert_pretrain      BERT: `[CLS] A [SEP] B [SEP]` pairs, B the next sentences or (50%)
                             a random other document's (sentence_label 1), token-level

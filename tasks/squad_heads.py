@@ -1,8 +1,8 @@
 """SQuAD v1.1 for a BERT-style question-answering head (HF's run_qa), from TFDS or local files.
 
 Each question becomes one example per window of its context, `[CLS] question [SEP] context
-window [SEP]`, windows overlapping by doc_stride tokens (t5lite.data.converters.head_features), with the
-first answer's token span as start / end_position ([CLS], 0 and 0, in a window without it);
+window [SEP]`, windows overlapping by doc_stride tokens (t5lite.data.converters.head_features), with
+the first answer's token span as start / end_position ([CLS], 0 and 0, in a window without it);
 word pieces as BERT's uncased vocabulary has them:
 
   {"id": "a1", "question": "Who won?", "context": "Bo won the cup.",

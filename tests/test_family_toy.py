@@ -130,6 +130,7 @@ def test_nothing_outside_the_families_and_models_branches_on_the_family():
   # The HF layouts (interop/hf/<model_type>.py) are per-family mappings by design: each says
   # which architecture its HF model is; checkpoints.py and layout.py dispatch without branching.
   outside = [line for line in out
-             if not re.match(r"t5lite/(models|families)/|t5lite/interop/hf/(?!layout|checkpoints)\w+\.py",
+             if not re.match(r"t5lite/(models|families)/|"
+                             r"t5lite/interop/hf/(?!layout|checkpoints)\w+\.py",
                              line)]
   assert len(outside) <= 3, "\n".join(outside)

@@ -1,5 +1,5 @@
-"""t5lite.data.converters.head_features: BERT's templates, truncation and its counting, label checks,
-word-piece tag alignment, QA windows (checked against `tokenizers`' own overflowing windows)
+"""t5lite.data.converters.head_features: BERT's templates, truncation and its counting, label
+checks, word-piece tag alignment, QA windows (checked against `tokenizers`' own overflowing windows)
 and multiple choice; entity F1 (t5lite.eval.metrics) against seqeval on random tags."""
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from t5lite.data.vocab.hf_vocabularies import (ByteLevelBPEVocabulary, WordPiece
                                          train_byte_level_bpe, train_wordpiece)
 from t5lite.data.registry import Feature
 from t5lite.data.sources.stdlib_corpus import stdlib_documents
-from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
-                                      train_sentencepiece)
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
+                                            load_vocabulary, train_sentencepiece)
 from t5lite.errors import ConfigError
 from t5lite.interop.hf.tokenizer import write_hf_tokenizer
 

@@ -19,7 +19,8 @@ from flax import traverse_util
 from helpers.paths import REPO
 from helpers import tiny
 from t5lite import cli
-from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
+                                            train_sentencepiece)
 from t5lite.interop.serving import artifact as serving
 from t5lite.interop.serving import serving_loader
 from t5lite.interop.params_only import cast_params, write_model_dir

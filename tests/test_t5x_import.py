@@ -1,8 +1,9 @@
 """`t5lite import t5x`: checkpoints written here in T5X's own layouts, read back bit for bit.
 
-The writers (helpers/t5x_checkpoints.py) state T5X's layouts independently of t5lite/interop/t5x/checkpoints.py: the key names
-come from t5x/examples/t5/network.py + layers.py, the files from t5x/checkpoints.py
-(`Checkpointer.save`: msgpack + tensorstore; `OrbaxCheckpointManagerInterface`: orbax).
+The writers (helpers/t5x_checkpoints.py) state T5X's layouts independently of
+t5lite/interop/t5x/checkpoints.py: the key names come from t5x/examples/t5/network.py + layers.py,
+the files from t5x/checkpoints.py (`Checkpointer.save`: msgpack + tensorstore;
+`OrbaxCheckpointManagerInterface`: orbax).
 """
 import os
 import shutil

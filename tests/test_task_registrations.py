@@ -28,7 +28,8 @@ from t5lite.data.registry import CACHE_POINT, Feature, MixtureRegistry, TaskRegi
 from t5lite.data.sources.readers import JsonlSource, TfdsSource, TsvSource
 from t5lite.data.sources.tfrecord import ArrayRecordSource, convert_tfrecord_to_array_record
 from t5lite.data.sources.tfrecord_example import make_example
-from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary, train_sentencepiece
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
+                                            train_sentencepiece)
 
 LENGTHS = {"inputs": 64, "targets": 16}
 ENV_VARS = ("T5LITE_VOCAB", "T5LITE_LOCAL_DATA_DIR", "T5LITE_TFDS_DATA_DIR", "T5LITE_C4_JSON",
@@ -89,7 +90,8 @@ def test_import_registers_without_env_or_files():
   """A fresh interpreter with no T5LITE_* variables registers everything, opening no file."""
   script = """
 import builtins, gzip, mmap, sys
-import t5lite.data.sources.readers, t5lite.data.sources.tfrecord, t5lite.data.objectives.chains, t5lite.eval.metrics
+import t5lite.data.sources.readers, t5lite.data.sources.tfrecord
+import t5lite.data.objectives.chains, t5lite.eval.metrics
 def refuse(*args, **kwargs):
   raise AssertionError(f"registration opened a file: {args[:1]}")
 builtins.open = gzip.open = mmap.mmap = refuse

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from t5lite.data.vocab import vocabularies as vocab_lib
-from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, load_vocabulary,
-                                      train_sentencepiece)
+from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
+                                            load_vocabulary, train_sentencepiece)
 
 VOCAB = 400
 EXTRA = 10

@@ -1,8 +1,8 @@
 """HF transformers' side of `t5lite bench decode`: a random PyTorch T5 and its `generate`.
 
 The model is a `T5ForConditionalGeneration` built from a T5Config with t5lite's sizes
-(t5lite.interop.hf.checkpoints.config_to_hf), randomly initialized from a torch seed and untied like T5
-v1.1 (transformers 5.x ties unless lm_head gets its own tensor). t5lite decodes
+(t5lite.interop.hf.checkpoints.config_to_hf), randomly initialized from a torch seed and untied like
+T5 v1.1 (transformers 5.x ties unless lm_head gets its own tensor). t5lite decodes
 with the very same weights: the bench saves this model and reads it with `t5lite.load_hf`.
 
 Decoding is HF's own `generate` with its KV cache (use_cache=True, the default), fp32, under

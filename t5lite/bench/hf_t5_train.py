@@ -1,8 +1,8 @@
 """HF transformers' PyTorch T5 train step: the baseline of `t5lite bench train`.
 
 The model is `T5ForConditionalGeneration` built from the very weights t5lite starts from
-(t5lite.interop.hf.checkpoints.save_hf, then `from_pretrained`), so both sides begin identical. The step is
-what HF's Trainer does per batch, minus its bookkeeping:
+(t5lite.interop.hf.checkpoints.save_hf, then `from_pretrained`), so both sides begin identical. The
+step is what HF's Trainer does per batch, minus its bookkeeping:
 
     loss = model(input_ids=..., attention_mask=..., labels=...).loss   # mean CE over labels != -100
     loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)

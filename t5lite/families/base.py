@@ -11,7 +11,8 @@ T5X's BaseTransformerModel idea in our own shape. A family owns, for its kind of
             metrics(sums, normalizer) the figures a step reports from its sums
   decoding  generate(params, inputs, ...), score(params, inputs, targets)
   cost      flops_per_example(lengths), tokens_per_example(lengths)
-  export    hf_model_type             the HF mapping t5lite.interop.hf.checkpoints uses (None: no HF layout)
+  export    hf_model_type             the HF mapping t5lite.interop.hf.checkpoints uses
+                                      (None: no HF layout)
             networks(params)          (name, config, params) of each network it holds
 
 The trainer, evaluator, cost model, CLI and export ask the family; none of them branches on

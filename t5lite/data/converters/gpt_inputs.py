@@ -19,8 +19,8 @@ Worked example (inputs length 8, word pieces shown as text; [START] 4000, [DELIM
   -> gpt1_inputs(task)
   -> {"inputs": [4000 the cat sat 4001 a dog 4002], "label": 1, "truncated_tokens": 2}
 
-Truncation is longest first, as the BERT-style pairs (t5lite.data.converters.head_features), counted.
-Not built: GPT-1's similarity transform (both orders, representations summed) and its
+Truncation is longest first, as the BERT-style pairs (t5lite.data.converters.head_features),
+counted. Not built: GPT-1's similarity transform (both orders, representations summed) and its
 multiple-choice transform (one stream per answer): they need a head over several streams.
 """
 from __future__ import annotations

@@ -108,7 +108,8 @@ def special_ids(vocabulary, task: str) -> tuple[int, int]:
   if cls is None or sep is None:
     raise ConfigError(f"task {task!r}: a head task builds BERT's [CLS] A [SEP] B [SEP], but "
                       f"its vocabulary {vocabulary!r} has no cls_id / sep_id. Register it with "
-                      "a WordPiece vocabulary (t5lite.data.vocab.hf_vocabularies.WordPieceVocabulary)")
+                      "a WordPiece vocabulary "
+                      "(t5lite.data.vocab.hf_vocabularies.WordPieceVocabulary)")
   return int(cls), int(sep)
 
 

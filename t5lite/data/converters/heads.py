@@ -1,7 +1,7 @@
 """The feature converter of finetuning-head tasks: one example per row, padded, labels beside.
 
-A head task's examples (t5lite.data.converters.head_features makes them) carry `inputs` (token ids with
-the vocabulary's specials), optionally `token_type_ids`, and the labels of their head
+A head task's examples (t5lite.data.converters.head_features makes them) carry `inputs` (token ids
+with the vocabulary's specials), optionally `token_type_ids`, and the labels of their head
 (t5lite.models.heads). Rows are never packed: a classifier reads its row's first (encoder)
 or last real (decoder) token, so one example is one row. task_feature_lengths {"inputs": L}:
 

@@ -166,7 +166,8 @@ class _PackIterator(grain.DatasetIterator):
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     if "skip" not in state:
-      raise ConfigError("this packed data state was not saved by t5lite.data.converters.packing (an older "
+      raise ConfigError("this packed data state was not saved by "
+                        "t5lite.data.converters.packing (an older "
                         f"t5lite packed with grain's packer): keys {sorted(state)}")
     anchor, skip = state["parent"], int(state["skip"])
     self._parent.set_state(anchor)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from t5lite.data.sources.files import (ByteSpans, IndexedFileSource, Patterns, checked_index, line_number,
-                               line_spans)
+from t5lite.data.sources.files import (ByteSpans, IndexedFileSource, Patterns, checked_index,
+                                       line_number, line_spans)
 from t5lite.data.sources.files import expand_patterns, read_buffer  # noqa: F401 (re-export)
 from t5lite.data.sources.tfds import TfdsSource, prepare_tfds_dataset  # noqa: F401 (re-export)
 from t5lite.errors import ConfigError

@@ -193,7 +193,7 @@ def load_params(path: pathlib.Path) -> dict:
   return params
 
 
-# --- vocabularies: the id layout of t5lite.data.vocab.vocabularies, without t5lite ------------------
+# --- vocabularies: the id layout of t5lite.data.vocab.vocabularies, without t5lite ----------------
 
 class _Vocabulary:
   """Ids <-> text with T5's layout: pad 0, eos 1, unk 2, extra ids at the top."""
