@@ -18,7 +18,8 @@ from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import TrainConfig, train
 from train_tasks import FEATURES
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # 400 training steps, then greedy decodes: a long run
+# 400 training steps, then greedy decodes: a long run.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LETTERS = list("abcdefghij")
 EXACT_MATCH_GOAL = 90.0  # percent of validation strings copied exactly

@@ -5,8 +5,9 @@ multi-host flags (--coordinator_address, --num_processes, --process_id); without
 layout is detected from its environment (t5lite/launch/cluster.py). `compile` takes the same
 gin flags as train, without the multi-host ones (one process compiles for a whole pod:
 t5lite/train/aot/compiler.py), and `smoke` takes a model's. The other verbs take plain flags.
-train, eval, infer, compile, smoke, tasks and cache also take --module NAME_OR_PATH: a user's module, imported
-before gin parses, that registers its own tasks, families, objectives or recipes.
+train, eval, infer, compile, smoke, tasks and cache also take --module NAME_OR_PATH: a user's
+module, imported before gin parses, that registers its own tasks, families, objectives or
+recipes.
 
 Exit codes: 0 done; 1 the run failed (a bug shows its traceback); 2 a bad setup (flags, gin,
 names, paths, sizes, mesh, a job that did not form: t5lite.errors) or environment (an OSError:

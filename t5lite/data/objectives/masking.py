@@ -33,8 +33,9 @@ Worked example (span, mask_rate 0.3: 7 non-special tokens, a budget of 2; WordPi
 
 masking_step(kind) is the per-example preprocessor: `targets` (the tokens) -> `inputs`
 (masked), `targets` (original) and `weights` (1.0 on chosen tokens), as the default masking of
-chains.mlm_preprocessors gives (which takes these variants as its `kind`), plus `span_left` / `span_right` / `span_offset` for spans; every other key of the
-example (token_type_ids, sentence_label of sentence pairs) is kept.
+chains.mlm_preprocessors gives (which takes these variants as its `kind`), plus `span_left` /
+`span_right` / `span_offset` for spans; every other key of the example (token_type_ids,
+sentence_label of sentence pairs) is kept.
 """
 from __future__ import annotations
 

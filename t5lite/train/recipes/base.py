@@ -10,8 +10,8 @@ must match. The trainer (t5lite.train.trainer) asks the run's recipe and names n
     family = recipe.prepare(family, mesh=mesh, rules=rules)  # reads what it needs
     mask = recipe.trainable_mask(family, params)
     init, reads_fixed = recipe.fresh_init(family, vocabulary, seed)
-    recipe.check(model_dir, vocabulary)                   # every process, before MODEL_DIR is written
-    recipe.record(model_dir)                              # process 0, once the run goes on
+    recipe.check(model_dir, vocabulary)   # every process, before MODEL_DIR is written
+    recipe.record(model_dir)              # process 0, once the run goes on
 
 A recipe of one's own subclasses Recipe, sets `name`, overrides what differs and registers
 (t5lite.train.recipes.register); `TrainConfig.recipe = 'its_name'` (or an object of its
