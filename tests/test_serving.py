@@ -4,6 +4,7 @@ import ast
 import inspect
 import json
 import os
+import pathlib
 import pickle
 import shutil
 import subprocess
@@ -16,7 +17,6 @@ import pytest
 import safetensors.numpy
 from flax import traverse_util
 
-from helpers.paths import REPO
 from helpers import tiny
 from t5lite import cli
 from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
@@ -174,7 +174,7 @@ def test_artifact_layout(artifacts):
 
 
 def test_loader_imports_no_t5lite():
-  source = (REPO / "t5lite" / "export" / "serving_loader.py").read_text()
+  source = pathlib.Path(serving_loader.__file__).read_text()
   imported = set()
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
