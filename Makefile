@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
 
-.PHONY: demo test test-fast test-parity test-e2e pod-presets clean
+.PHONY: demo test test-fast test-parity test-e2e durations pod-presets clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,8 @@ test: $(VENV)/.installed-test
 
 # The tiers (docs/development.md, "Test tiers"): every test is unit (the default), parity
 # (against torch/transformers/peft) or e2e (subprocesses, long runs); `slow` marks the expensive
-# ones. The edit loop runs the unit tests that are not slow.
+# ones, by hand or by measurement (tests/durations.json). The edit loop runs the unit tests that
+# are not slow.
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests -n auto -m "unit and not slow" --durations=15
 
@@ -43,6 +44,11 @@ test-parity: $(VENV)/.installed-test
 
 test-e2e: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests -n auto -m e2e --durations=15
+
+# Re-measures every test into tests/durations.json (run it warm: a second time after a run);
+# tests recorded over tests/helpers/durations.py's FAST_LIMIT_S leave the fast tier.
+durations: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests -n auto --record-durations -q
 
 # Compiles every pod preset (gin/runs/pods/*.gin) for its TPU topology on this CPU host, one
 # report's JSON line each into runs/pod_presets.jsonl (about an hour on 2 cores).

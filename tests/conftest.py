@@ -14,7 +14,8 @@ import time
 # which must come after the environment below.
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # One compilation cache per pytest-xdist worker (gw0, gw1, ...; their test subprocesses
-# inherit it): workers never read an entry the other is writing.
+# inherit it): workers never read an entry the other is writing (JAX writes an entry in place,
+# not by rename). At the end of a run the folders share their entries (pytest_sessionfinish).
 _cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(REPO / ".jax_cache")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
     _cache, os.environ.get("PYTEST_XDIST_WORKER", ""))
@@ -36,8 +37,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest  # noqa: E402
 
 from helpers import TINY, jitted_apply, tiny  # noqa: E402,F401 (re-exported)
+from helpers import durations  # noqa: E402
 
-pytest_plugins = ["helpers.fixtures"]
+pytest_plugins = ["helpers.fixtures", "helpers.durations"]
 _START = time.time()
 
 
@@ -72,11 +74,34 @@ def pytest_collection_modifyitems(config, items):
   if wrong:
     raise pytest.UsageError("tests with more than one tier (unit, parity, e2e):\n"
                             + "\n".join(wrong))
+  durations.mark_measured_slow(items)  # before -m deselects, as the tiers
 
 
 @pytest.fixture
 def tmp_dir(tmp_path):
   return str(tmp_path)
+
+
+def pytest_sessionfinish(session):
+  """On the controller, once every worker has stopped: each worker's compilation cache gets the
+  entries the others wrote (hard links), so the next run is warm whichever worker a test
+  lands on. xdist hands tests to workers as they free up; without this, about half of a
+  rerun's programs were compiled again in the other worker's folder."""
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    return
+  folders = [p for p in pathlib.Path(_cache).glob("gw*") if p.is_dir()]
+  entries = {}
+  for folder in folders:
+    for entry in folder.iterdir():
+      entries.setdefault(entry.name, entry)
+  for folder in folders:
+    for name, entry in entries.items():
+      target = folder / name
+      if not target.exists():
+        try:
+          os.link(entry, target)
+        except OSError:  # another filesystem, or a race with a concurrent run: leave it
+          pass
 
 
 def pytest_terminal_summary(terminalreporter):

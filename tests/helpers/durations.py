@@ -1,0 +1,56 @@
+"""The fast tier by measurement: tests recorded slower than FAST_LIMIT_S get the `slow` marker.
+
+`tests/durations.json` holds each test's measured time (setup + call + teardown, in seconds,
+on a warm compilation cache), written by `make durations` (pytest's --record-durations, this
+plugin's option). At collection every test recorded over FAST_LIMIT_S is marked slow, so
+`make test-fast` (`-m "unit and not slow"`) keeps to its budget as the suite grows: a new test
+is fast until a recording says otherwise. The full suite (`make test`) runs them all either way.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+
+import pytest
+
+FILE = pathlib.Path(__file__).resolve().parents[1] / "durations.json"
+# With this limit the fast tier took about 2 minutes on 2 cores, warm
+# (docs/development.md, "Test tiers").
+FAST_LIMIT_S = 2.0
+
+
+def pytest_addoption(parser):
+  parser.addoption("--record-durations", action="store_true",
+                   help="write each test's time (setup + call + teardown) to "
+                   "tests/durations.json, merged with the times already there")
+
+
+def mark_measured_slow(items) -> int:
+  """Adds `slow` to the items recorded over FAST_LIMIT_S; returns how many."""
+  if not FILE.exists():
+    return 0
+  recorded = json.loads(FILE.read_text(encoding="utf-8"))
+  count = 0
+  for item in items:
+    if recorded.get(item.nodeid, 0.0) > FAST_LIMIT_S and not item.get_closest_marker("slow"):
+      item.add_marker(pytest.mark.slow)
+      count += 1
+  return count
+
+
+_times: dict[str, float] = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+  """On the controller (also with pytest-xdist, whose workers send their reports there)."""
+  _times[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session):
+  if not session.config.getoption("--record-durations") or hasattr(session.config,
+                                                                   "workerinput"):
+    return
+  recorded = json.loads(FILE.read_text(encoding="utf-8")) if FILE.exists() else {}
+  recorded.update({k: round(v, 3) for k, v in _times.items()})
+  FILE.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n", encoding="utf-8")
