@@ -138,3 +138,22 @@ def test_old_and_new_keys_together_or_a_lone_generator_fraction_are_refused():
 def test_bad_sub_config_settings_name_their_values(make, message):
   with pytest.raises(ConfigError, match=message):
     make()
+
+
+def test_an_old_distillation_record_names_the_same_teacher(tmp_path):
+  """A distillation MODEL_DIR recorded before the move (its teacher_config in the old keys)
+  resumes with the same teacher and still refuses another one."""
+  from t5lite.train.recipes import teacher as teacher_lib
+  old_model_config_json(tmp_path / "teacher", "electra", replaced_token_detection=True,
+                        generator_hidden_fraction=0.25)
+  old_config = json.loads((tmp_path / "teacher" / "model_config.json").read_text())
+  config = ModelConfig(**ENCODER, family="electra", electra=ElectraConfig(0.25))
+  record = {"teacher": str(tmp_path / "teacher"), "teacher_config": config.to_dict(),
+            "teacher_fingerprint": "f" * 16}
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / teacher_lib.RECORD_FILE).write_text(json.dumps(
+      {**record, "teacher_config": old_config}))
+  teacher_lib.check_record(str(tmp_path / "run"), record)
+  other = {**record, "teacher_config": config.replace(d_model=config.d_model * 2).to_dict()}
+  with pytest.raises(ConfigError, match="teacher_config differ"):
+    teacher_lib.check_record(str(tmp_path / "run"), other)

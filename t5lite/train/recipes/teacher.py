@@ -50,6 +50,10 @@ def check_record(directory: str, teacher: dict) -> None:
     return
   with open(path, encoding="utf-8") as f:
     saved = json.load(f)
+  if isinstance(saved.get("teacher_config"), dict):
+    # As a ModelConfig reads it today: a record written before a field moved into a
+    # sub-config (ELECTRA's, SpanBERT's) names the same teacher in the old keys.
+    saved["teacher_config"] = ModelConfig.from_dict(saved["teacher_config"]).to_dict()
   changed = [k for k in ("teacher_config", "teacher_fingerprint") if saved.get(k) != teacher[k]]
   if changed:
     raise ConfigError(f"MODEL_DIR {directory} was distilled from another teacher "
