@@ -65,7 +65,7 @@ def import_edges(modules: dict[str, pathlib.Path]) -> Edges:
 
 def package_edges(modules: dict[str, pathlib.Path], edges: Edges) -> Edges:
   """Edges between top-level subpackages (t5lite.data -> t5lite.models), each with one of
-  the file imports behind it; top-level modules (t5lite/cli.py) are not subpackages."""
+  the file imports behind it; top-level modules (t5lite/demo.py) are not subpackages."""
   def subpackage(name: str) -> str | None:
     top = ".".join(name.split(".")[:2])
     return top if top in modules and modules[top].name == "__init__.py" else None

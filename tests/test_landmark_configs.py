@@ -3,7 +3,7 @@ parse, build and are the published models.
 
 Each published size has the parameter count that HF transformers counts for the same model
 (built on torch's meta device: no memory, no weights; tied parameters counted once), and,
-where the HF layout exists (t5lite.export.hf_<type>), exactly the ModelConfig that importing
+where the HF layout exists (t5lite.interop.hf.<type>), exactly the ModelConfig that importing
 the published config.json gives. The original Transformer has no HF class: its count is
 re-derived here from the paper's layout.
 """

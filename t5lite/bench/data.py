@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from t5lite.bench import hf_t5_collator as hf, machine  # noqa: E402
-from t5lite.data.objectives import span_corruption as sc
+from t5lite.data.objectives import span_corruption as sc  # noqa: E402
 from t5lite.data.converters.sequence import EncDecFeatureConverter  # noqa: E402
 from t5lite.data.pipeline import PipelineConfig, get_dataset  # noqa: E402
 from t5lite.data.objectives.chains import CONCAT_GROUP, span_corruption_preprocessors  # noqa: E402

@@ -52,7 +52,7 @@ def hf_config(family: str, size: str = "bench", max_positions: int = MAX_POSITIO
 
 def t5lite_config(hf: dict, dtype: str = "float32") -> ModelConfig:
   """The t5lite ModelConfig equal to an HF config dict (the family's HF layout reads it)."""
-  from t5lite.interop.hf import checkpoints as hf_export
+  from t5lite.interop.hf import checkpoints as hf_export  # imports (registers) every layout
   return hf_export.config_from_hf(hf).replace(dtype=dtype, dropout_rate=0.0)
 
 

@@ -1,5 +1,5 @@
 """The landmark models of the BERT and GPT lines as families: each is its architecture's family
-with an HF layout (t5lite.export.hf_<type>) to import from and export to.
+with an HF layout (t5lite.interop.hf.<type>) to import from and export to.
 
     ModelConfig(architecture="encoder_only", family="bert", ...)   # BertForPreTraining
     ModelConfig(architecture="decoder_only", family="gpt2", ...)   # GPT2LMHeadModel

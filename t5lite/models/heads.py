@@ -1,6 +1,6 @@
 """Finetuning heads and SpanBERT's span boundary head: small modules on a stack's final states.
 
-Each is HF's head of the same name, parameter for parameter (t5lite.export.hf_* maps them):
+Each is HF's head of the same name, parameter for parameter (t5lite.interop.hf.* maps them):
 
   head (ModelConfig.head)   reads                         params (under the model's `head/`)
   sequence_classification   pooler(first token)           classifier            BertFor..., AlbertFor...

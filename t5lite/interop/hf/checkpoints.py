@@ -1,13 +1,12 @@
 """HF transformers checkpoints <-> t5lite (config, params): load_hf and save_hf.
 
 The files (config.json, model.safetensors or its shards, legacy .bin) are read and written
-here; what the names and shapes mean is the layout of each HF model_type (hf_layout.py and
-one module per type: hf_t5, hf_switch, hf_bert (BERT, RoBERTa), hf_albert, hf_gpt2,
-hf_llama). Import
-dispatches on config.json's `model_type`; export on the config's family. Finetuning heads
-(ModelConfig.head: BertForSequenceClassification, GPT2ForSequenceClassification, ...) are
-hf_heads' share of each layout: import reads the head from `architectures[0]` (or from the
-tensors present), export names the head's class.
+here; what the names and shapes mean is the layout of each HF model_type (layout.py and
+one module per type beside it: t5, switch, bert (BERT, RoBERTa), albert, electra, gpt2,
+llama). Import dispatches on config.json's `model_type`; export on the config's family.
+Finetuning heads (ModelConfig.head: BertForSequenceClassification,
+GPT2ForSequenceClassification, ...) are heads.py's share of each layout: import reads the head
+from `architectures[0]` (or from the tensors present), export names the head's class.
 
 Untrusted input (limits.py): load_hf checks config.json's sizes (integers, the parameters they
 imply under the import ceiling) and then that the weight files hold that many values (the
@@ -27,13 +26,14 @@ import safetensors
 import safetensors.numpy
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.interop.hf import albert as hf_albert
-from t5lite.interop.hf import bert as hf_bert
-from t5lite.interop.hf import electra as hf_electra
-from t5lite.interop.hf import gpt2 as hf_gpt2
-from t5lite.interop.hf import llama as hf_llama
-from t5lite.interop.hf import switch as hf_switch
-from t5lite.interop.hf import t5 as hf_t5
+# Imported for their registrations: each layout module registers its HF model_type.
+from t5lite.interop.hf import albert as hf_albert  # noqa: F401
+from t5lite.interop.hf import bert as hf_bert  # noqa: F401
+from t5lite.interop.hf import electra as hf_electra  # noqa: F401
+from t5lite.interop.hf import gpt2 as hf_gpt2  # noqa: F401
+from t5lite.interop.hf import llama as hf_llama  # noqa: F401
+from t5lite.interop.hf import switch as hf_switch  # noqa: F401
+from t5lite.interop.hf import t5 as hf_t5  # noqa: F401
 from t5lite.interop.hf import layout as hf_layout
 from t5lite.interop import limits
 from t5lite.models.config import ModelConfig

@@ -1,6 +1,6 @@
 """HF layouts: how one HF `model_type` maps to t5lite (config fields and weight names).
 
-A layout is one small module per model type (hf_t5.py, hf_bert.py, ...) that subclasses
+A layout is one small module per model type (t5.py, bert.py, ... here) that subclasses
 HFLayout and registers itself; t5lite.interop.hf.checkpoints reads and writes the files and
 dispatches on `model_type` (import) or on the family's `hf_model_type` (export). A layout says:
 

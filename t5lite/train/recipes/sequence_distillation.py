@@ -186,7 +186,7 @@ def _source(name: str, source_task: str, splits: tuple[str, ...]) -> Task:
 def _teacher(teacher: str | os.PathLike):
   """(config, load: () -> (config, params), its saved vocabulary or None, absolute path) of an
   HF directory or a t5lite MODEL_DIR: the config first, to be checked before the weights."""
-  from t5lite.interop.hf import checkpoints as hf
+  from t5lite.interop.hf import checkpoints as hf  # pylint: disable=import-outside-toplevel
   from t5lite.interop import limits
   from t5lite.runtime import model_dir  # pylint: disable=import-outside-toplevel
   where = teacher_lib.locate(teacher)
