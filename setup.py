@@ -68,7 +68,9 @@ setup(
                  # seqeval: the reference the NER entity-F1 metric is tested against.
                  "seqeval>=1.2.2",
                  # peft: the reference PEFT adapters (LoRA, prompt, prefix) are exchanged with.
-                 "peft>=0.21"],
+                 "peft>=0.21",
+                 # a session-scoped reference run built once across pytest-xdist workers
+                 "filelock>=3.12"],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:console_main"]},
 )

@@ -21,7 +21,6 @@ from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_con
 from helpers.distill import log_softmax, wrap, write_teacher
 from t5lite import cli
 from t5lite.errors import ConfigError
-from t5lite.interop import params_only
 from t5lite.families import distillation_losses as dl
 from t5lite.families import family_of
 from t5lite.families.distillation import (DISTILBERT, PROJECTION, TINYBERT_GENERAL,

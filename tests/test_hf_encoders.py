@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import t5lite
-from helpers.hf_models import CASES, SIZES, T, make_hf_model  # noqa: F401
+from helpers.hf_models import CASES, T, make_hf_model
 from helpers.cli import run_t5lite
 from t5lite import cli
 from t5lite.errors import ConfigError

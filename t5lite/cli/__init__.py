@@ -436,7 +436,3 @@ def console_main() -> None:
     sys.stderr.flush()
     os._exit(code)
   sys.exit(code)
-
-
-if __name__ == "__main__":
-  console_main()

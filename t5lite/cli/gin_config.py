@@ -33,7 +33,7 @@ from t5lite.runtime.partitioning import MeshConfig
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.step import StepConfig
-from t5lite.train.trainer import TrainConfig
+from t5lite.train.train_config import TrainConfig
 
 
 
