@@ -68,6 +68,11 @@ EXIT_HELP = f"""exit codes:
      step; rerun the same command to resume (schedulers requeue on this code)"""
 
 
+def _add_module_flag(parser) -> None:
+  parser.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
+                      help=MODULE_HELP)
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="t5lite", description="JAX/Flax pretraining stack for text-to-text Transformers.",
@@ -78,8 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     distributed.add_flags(sub)
-    sub.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                     help=MODULE_HELP)
+    _add_module_flag(sub)
     if verb in ("eval", "infer"):
       _add_adapter_flags(sub, verb)
   smoke = verbs.add_parser(
@@ -91,16 +95,14 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--batch_size", type=int, default=8)
   smoke.add_argument("--length", type=int, default=64, help="tokens per input and per target")
   smoke.add_argument("--seed", type=int, default=0)
-  smoke.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                     help=MODULE_HELP)
+  _add_module_flag(smoke)
   compile_ = verbs.add_parser(
       "compile", help=COMPILE_HELP, description=COMPILE_HELP + ": same --gin_file / --gin.X "
       "flags as train (MODEL_DIR and MIXTURE_OR_TASK_NAME may be left out); prints a table and "
       "one JSON line (fits, bytes_per_device, flops_per_device, estimated_mfu, ...)",
       epilog=GIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   _add_compile_flags(compile_)
-  compile_.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                        help=MODULE_HELP)
+  _add_module_flag(compile_)
   _add_data_verbs(verbs)
   for verb, (text, _) in PLAIN_VERBS.items():
     sub = verbs.add_parser(verb, help=text, description=text, add_help=False)
@@ -157,8 +159,7 @@ def _lengths(text: str) -> dict[str, int]:
 def _add_data_verbs(verbs) -> None:
   tasks = verbs.add_parser("tasks", help="list, show and measure registered tasks",
                            description="Registered tasks come from t5lite_tasks and --module.")
-  tasks.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                     help=MODULE_HELP)
+  _add_module_flag(tasks)
   sub = tasks.add_subparsers(dest="tasks_verb", metavar="list|show|stats", required=True)
   sub.add_parser("list", help="every task and mixture")
   for name, text in (("show", "raw, preprocessed and decoded examples"),
@@ -192,8 +193,7 @@ def _add_data_verbs(verbs) -> None:
   cache.add_argument("--worker_index", type=int, default=0)
   cache.add_argument("--num_workers", type=int, default=1,
                      help="split the work over N workers or hosts, each writing its own shard")
-  cache.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                     help=MODULE_HELP)
+  _add_module_flag(cache)
 
 
 def _data_verb(args) -> int:
