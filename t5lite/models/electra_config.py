@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from t5lite.errors import ConfigError
+from t5lite.models.sub_config import SubConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class ElectraConfig:
+class ElectraConfig(SubConfig):
   """ELECTRA's discriminator head and, optionally, its generator; see the module docstring."""
 
   generator_hidden_fraction: float = 0.0
@@ -46,14 +46,3 @@ class ElectraConfig:
   def generator_width(self, d_model: int) -> int:
     """The generator's hidden size for a discriminator of width d_model."""
     return round(d_model * self.generator_hidden_fraction)
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, values: dict[str, Any]) -> "ElectraConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ConfigError(f"unknown ElectraConfig fields {unknown}; known fields: {sorted(known)}")
-    return cls(**values)

@@ -11,13 +11,13 @@ ModelConfig's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from t5lite.errors import ConfigError
+from t5lite.models.sub_config import SubConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanBoundaryConfig:
+class SpanBoundaryConfig(SubConfig):
   """SpanBERT's span boundary head; see the module docstring."""
 
   max_span_length: int = 10
@@ -29,15 +29,3 @@ class SpanBoundaryConfig:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f"SpanBoundaryConfig.max_span_length must be an integer >= 1, got "
                         f"{value!r}")
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, values: dict[str, Any]) -> "SpanBoundaryConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ConfigError(f"unknown SpanBoundaryConfig fields {unknown}; known fields: "
-                        f"{sorted(known)}")
-    return cls(**values)

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from t5lite.errors import ConfigError
+from t5lite.models.sub_config import SubConfig
 
 ROUTER_LOSSES = ("per_layer", "pooled")
 
 
 @dataclasses.dataclass(frozen=True)
-class MoeConfig:
+class MoeConfig(SubConfig):
   """Routed MLPs in some layers of each stack; see the module docstring."""
 
   num_experts: int = 8
@@ -112,14 +112,3 @@ class MoeConfig:
 
   def dropout(self, model_rate: float) -> float:
     return model_rate if self.expert_dropout < 0 else self.expert_dropout
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, values: dict[str, Any]) -> "MoeConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ConfigError(f"unknown MoeConfig fields {unknown}; known fields: {sorted(known)}")
-    return cls(**values)
