@@ -17,6 +17,7 @@ import pytest
 
 from helpers.cli import run_t5lite
 from helpers.paths import REPO
+from helpers.runs import run_gin
 from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE
@@ -25,22 +26,7 @@ from t5lite.runtime import checkpoints as ckpt_lib
 pytestmark = pytest.mark.e2e
 
 STEPS = 120  # enough that a subprocess is still training when the test interrupts it
-RUN_GIN = f"""
-include 'runs/pretrain.gin'
-include 'models/tiny.gin'
-ModelConfig.vocab_size = 384
-ModelConfig.dropout_rate = 0.1
-MIXTURE_OR_TASK_MODULE = 'train_tasks'
-MIXTURE_OR_TASK_NAME = 'train_test_sc'
-TASK_FEATURE_LENGTHS = {{'inputs': 64, 'targets': 16}}
-BATCH_SIZE = 8
-TRAIN_STEPS = {STEPS}
-EVAL_PERIOD = 0
-TrainConfig.log_period = 1
-CheckpointConfig.period = 25
-ScheduleConfig.warmup_steps = 10
-ScheduleConfig.value = 0.1
-"""
+RUN_GIN = run_gin(STEPS, period=25)
 
 
 def train_argv(gin_file, model_dir, *more):

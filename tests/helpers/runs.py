@@ -13,7 +13,13 @@ from helpers.cli import run_t5lite
 
 STEPS, PERIOD, KEEP = 20, 2, 2
 NEWEST, PREVIOUS = STEPS, STEPS - PERIOD  # the steps a finished run keeps
-RUN_GIN = f"""
+
+
+def run_gin(steps: int, period: int, keep: int | None = None) -> str:
+  """The tiny span-corruption run the CLI tests train: `steps` steps, a checkpoint every
+  `period` (the newest `keep` kept; None: orbax's default)."""
+  keep_line = f"CheckpointConfig.keep = {keep}\n" if keep is not None else ""
+  return f"""
 include 'runs/pretrain.gin'
 include 'models/tiny.gin'
 ModelConfig.vocab_size = 384
@@ -22,14 +28,16 @@ MIXTURE_OR_TASK_MODULE = 'train_tasks'
 MIXTURE_OR_TASK_NAME = 'train_test_sc'
 TASK_FEATURE_LENGTHS = {{'inputs': 64, 'targets': 16}}
 BATCH_SIZE = 8
-TRAIN_STEPS = {STEPS}
+TRAIN_STEPS = {steps}
 EVAL_PERIOD = 0
 TrainConfig.log_period = 1
-CheckpointConfig.period = {PERIOD}
-CheckpointConfig.keep = {KEEP}
-ScheduleConfig.warmup_steps = 10
+CheckpointConfig.period = {period}
+{keep_line}ScheduleConfig.warmup_steps = 10
 ScheduleConfig.value = 0.1
 """
+
+
+RUN_GIN = run_gin(STEPS, PERIOD, KEEP)
 TMP_MARK = "orbax-checkpoint-tmp"  # orbax writes a step into <step>.orbax-checkpoint-tmp*
 
 
