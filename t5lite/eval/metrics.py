@@ -3,8 +3,8 @@
 Names, result keys and scales follow t5.evaluation.metrics: accuracy, F1, exact match,
 BLEU, ROUGE and the correlations are percentages (0-100). Targets and predictions are what
 a task's postprocess_fn returns: class ids, floats, strings, or (for targets) lists of
-reference strings. BLEU is sacrebleu and ROUGE is rouge-score, with T5's settings; both are
-imported on first use, so registering tasks does not need them.
+reference strings. BLEU is sacrebleu and ROUGE is rouge-score, with T5's settings; they and
+scipy (the correlations) are imported on first use, so registering tasks does not load them.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import string
 from typing import Callable, Sequence
 
 import numpy as np
-import scipy.stats
 
 Metrics = dict[str, float]
 MetricFn = Callable[[Sequence, Sequence], Metrics]
@@ -107,11 +106,13 @@ def matthews_corrcoef(targets, predictions) -> Metrics:
 
 def pearson_corrcoef(targets, predictions) -> Metrics:
   """Pearson correlation x 100 (scipy)."""
+  import scipy.stats  # 0.6 s to import: on first use
   return {"pearson_corrcoef": 100 * float(scipy.stats.pearsonr(targets, predictions)[0])}
 
 
 def spearman_corrcoef(targets, predictions) -> Metrics:
   """Spearman rank correlation x 100 (scipy)."""
+  import scipy.stats
   return {"spearman_corrcoef": 100 * float(scipy.stats.spearmanr(targets, predictions)[0])}
 
 

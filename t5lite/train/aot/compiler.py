@@ -63,7 +63,8 @@ def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = p
                         f"({', '.join(topologies.EXAMPLES.values())}), or a gin file that sets "
                         "POD_TOPOLOGY (the presets in gin/runs/pods/ do)")
     report = compile_for_tpu(model_config, config, args.topology, num_slices=args.num_slices,
-                             program=args.program, emit_hlo=args.emit_hlo)
+                             program=args.program, emit_hlo=args.emit_hlo,
+                             fit_only=getattr(args, "fit_only", False))
   log(table(report))
   log(json.dumps(report, sort_keys=True))
   return 0
@@ -131,8 +132,11 @@ def _mesh_over(config, devices, num_slices: int, where: str):
 # --- TPU: compile and analyse --------------------------------------------------------------
 
 def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_slices: int = 1,
-                    program: str = "train", emit_hlo: str | None = None) -> dict[str, Any]:
-  """Compiles the run's train (or decode) program for `num_slices` x `topology`; the report."""
+                    program: str = "train", emit_hlo: str | None = None,
+                    fit_only: bool = False) -> dict[str, Any]:
+  """Compiles the run's train (or decode) program for `num_slices` x `topology`; the report.
+  fit_only: no loop-free compiles to cost a looping train program (its estimated MFU is then
+  none, as XLA's figures of the compiled program count each loop body once)."""
   chip = topologies.chip_of(topology)
   _check_supported(config)
   devices = topologies.topology_devices(topology, num_slices)
@@ -171,10 +175,12 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
   report.update(_memory(compiled, chip.hbm_bytes))
   report.update(_cost(compiled, built, chip, len(devices), program))
   loops = aot_cost.loops(model_config, config, program)
-  if loops and program == "train":
+  if loops and program == "train" and not fit_only:
     report.update(_unrolled_cost(model_config, config, mesh, loops, report))
   elif loops:
     report["xla_cost_counts_loop_bodies_once"] = loops
+    if program == "train":  # undercounts: not an estimate of the step
+      report.update(estimated_mfu=None, xla_over_analytic_flops=None, cost_skipped="--fit_only")
   return report
 
 
@@ -367,15 +373,18 @@ def table(r: dict[str, Any]) -> str:
            ("compile", f"{r['compile_s']} s"),
            ("XLA flops per device", f"{r['flops_per_device']:.4g}")]
   if r.get("analytic_flops_per_device"):
-    rows += [("t5lite cost model flops/device", f"{r['analytic_flops_per_device']:.4g}  "
-                                                  f"(XLA / model = {r['xla_over_analytic_flops']:.3f})")]
+    ratio = r.get("xla_over_analytic_flops")
+    rows += [("t5lite cost model flops/device", f"{r['analytic_flops_per_device']:.4g}"
+              + (f"  (XLA / model = {ratio:.3f})" if ratio is not None else ""))]
   if "loop-free" in r.get("cost_from", ""):
     rows.append(("cost from", f"{r['cost_from']} ({r['cost_compile_s']} s; the compiled "
                  f"program, which XLA counts loop bodies of once: {r['xla_flops_compiled_program']:.4g} "
                  "flops)"))
   if r.get("xla_cost_counts_loop_bodies_once"):
+    skipped = " (--fit_only: no loop-free compiles, no MFU estimate)" if r.get("cost_skipped") else ""
     rows.append(("note", f"XLA counts a loop body once: with "
-                 f"{r['xla_cost_counts_loop_bodies_once']}, its flops and time undercount"))
+                 f"{r['xla_cost_counts_loop_bodies_once']}, its flops and time undercount"
+                 + skipped))
   seconds = r.get("optimal_seconds")
   rows.append(("XLA optimal_seconds (estimate)", f"{seconds:.4g} s" if seconds else
                f"none (XLA gave {r.get('xla_optimal_seconds_raw')}: ops it could not time)"))
