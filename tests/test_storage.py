@@ -1,12 +1,15 @@
 """t5lite.util.storage against real object-storage servers on 127.0.0.1 (fake-gcs-server for
 gs://, moto's server for s3://, started by tests/helpers/storage_servers.py): the conditional
-writes an exclusive lease and a commit marker rely on, and the one-line refusal of a bucket
-that is not there."""
+writes an exclusive lease and a commit marker rely on, the one-line refusal of a bucket that
+is not there, and the MODEL_DIR lease in a bucket (t5lite.runtime.lease.BucketLease)."""
+import json
 import threading
+import time
 
 import pytest
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import lease as lease_lib
 from t5lite.util import storage
 
 
@@ -91,3 +94,82 @@ def test_a_bucket_that_does_not_exist_is_refused_in_one_line_naming_it(bucket):
   assert "\n" not in message and "exists" in message
   with pytest.raises(ConfigError, match="no-such-bucket-t5lite"):
     storage.create_exclusive(f"{missing}/x", b"x")
+
+
+# --- the MODEL_DIR lease in a bucket ----------------------------------------------------------
+
+def test_of_trainers_taking_a_bucket_lease_together_exactly_one_holds_it(bucket):
+  _, url = bucket
+  for round_ in range(4):
+    model_dir = f"{url}/run{round_}"
+    leases = [lease_lib.lease_for(model_dir) for _ in range(3)]
+    assert all(isinstance(held, lease_lib.BucketLease) for held in leases)
+    outcome = [None] * len(leases)
+    start = threading.Barrier(len(leases))
+
+    def take(i):
+      start.wait()
+      try:
+        leases[i].acquire()
+        outcome[i] = "held"
+      except ConfigError as e:
+        outcome[i] = str(e)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(leases))]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert outcome.count("held") == 1, outcome
+    for refused in (o for o in outcome if o != "held"):
+      assert refused.startswith(f"MODEL_DIR {model_dir} is in use by another trainer (host ")
+    holder = leases[outcome.index("held")]
+    assert holder.check() is None
+    holder.release()
+    assert storage.read_versioned(holder.path) is None  # released: the object is gone
+    again = lease_lib.lease_for(model_dir)
+    again.acquire()
+    again.release()
+
+
+def test_a_stale_bucket_lease_is_taken_over_and_its_holder_notices(bucket):
+  _, url = bucket
+  path = f"{url}/run/{lease_lib.LEASE_FILE}"
+  # A holder on another host whose heartbeat stopped 1,000 s ago.
+  storage.create_exclusive(path, json.dumps(
+      {"host": "elsewhere", "pid": 7, "token": "t", "heartbeat": time.time() - 1000}).encode())
+  late = lease_lib.BucketLease(f"{url}/run", timeout_s=600)
+  with pytest.raises(ConfigError, match="in use by another trainer"):
+    lease_lib.BucketLease(f"{url}/run", timeout_s=2000).acquire()  # not stale for it
+  late.acquire()
+  assert "host elsewhere" in late.taken_over and "heartbeat is 1000 s old" in late.taken_over
+  # Now `late` stalls; a rival takes the object over (as a takeover writes it, at its
+  # version): the holder's next conditional heartbeat fails and it stops writing.
+  rival = lease_lib.BucketLease(f"{url}/run", timeout_s=600)
+  data, version = storage.read_versioned(path)
+  assert json.loads(data)["token"] == late.token
+  assert storage.replace_if(path, rival._payload(), version) is not None
+  message = late.check()
+  assert message.startswith(f"MODEL_DIR {url}/run: another trainer took over its lease (host ")
+  late.release()  # leaves the rival's lease alone
+  assert json.loads(storage.read_versioned(path)[0])["token"] == rival.token
+
+
+def test_a_bucket_lease_heartbeat_renews_only_its_own_version(bucket):
+  _, url = bucket
+  held = lease_lib.BucketLease(f"{url}/run", timeout_s=0.5)  # a beat every 0.05 s
+  held.acquire()
+  first = held.version
+  deadline = time.time() + 10
+  while held.version == first and time.time() < deadline:
+    time.sleep(0.05)
+  assert held.version != first and held.check() is None  # renewed, still ours
+  taken = None
+  while taken is None:  # a rival's takeover, at the version it read (a beat may land first)
+    taken = storage.replace_if(held.path, b'{"token": "someone else"}',
+                               storage.read_versioned(held.path)[1])
+  deadline = time.time() + 10
+  while held.lost is None and time.time() < deadline:
+    time.sleep(0.05)
+  assert held.lost and "another trainer took over its lease" in held.lost
+  held.release()

@@ -21,6 +21,10 @@ other sees a foreign token and stops). The holder's heartbeat also checks the to
 another run took the lease over (this one stalled past timeout_s), `check()` raises before
 this run writes another checkpoint.
 
+In a bucket (MODEL_DIR gs://... or s3://), where there is no atomic rename, BucketLease keeps
+the same promises with conditional writes (t5lite.util.storage): the lease object is created
+only if absent, taken over and renewed only at the version last seen or written.
+
 Multi-process jobs hold one lease, by process 0 (t5lite.train.trainer agrees on the outcome).
 Released on exit: the file is removed when it still holds this run's token.
 """
@@ -36,6 +40,7 @@ import time
 
 from t5lite.errors import ConfigError
 from t5lite.runtime.processes import all_flags
+from t5lite.util import storage
 
 LEASE_FILE = "t5lite.lease"
 DEFAULT_TIMEOUT_S = 600.0
@@ -197,6 +202,88 @@ class Lease:
         os.rmdir(self.model_dir)
 
 
+class BucketLease(Lease):
+  """The lease on a MODEL_DIR in a bucket (gs://, s3://), by conditional writes instead of
+  rename and read-back: taken by creating the lease object only if none exists (GCS
+  ifGenerationMatch=0, S3 If-None-Match: *), a stale one taken over by overwriting it only at
+  the version read (so of two takers one wins), and each heartbeat written only over the
+  version this run wrote last: a run whose lease was taken over gets None from that write
+  and stops before its next checkpoint. Released by deleting it at its last version."""
+
+  def __init__(self, model_dir: str, *, timeout_s: float = DEFAULT_TIMEOUT_S):
+    super().__init__(model_dir, timeout_s=timeout_s, settle_s=0.0)
+    self.path = f"{self.model_dir.rstrip('/')}/{LEASE_FILE}"
+    self.version = None  # of the lease object this run wrote last
+
+  def _payload(self) -> bytes:
+    return json.dumps({**self.record, "heartbeat": time.time()}).encode()
+
+  def _held(self) -> tuple[dict | None, object]:
+    found = storage.read_versioned(self.path)
+    if found is None:
+      return None, None
+    try:
+      lease = json.loads(found[0])
+    except ValueError:
+      lease = None
+    return (lease if isinstance(lease, dict) and "token" in lease else {}), found[1]
+
+  def acquire(self) -> None:
+    self.version = storage.create_exclusive(self.path, self._payload())
+    if self.version is None:
+      held, version = self._held()
+      if held is not None:  # (None: released just now; the next start takes it)
+        why = self.stale(held) if held else "its lease object is unreadable"
+        if why is None:
+          raise self._in_use(held)
+        self.version = storage.replace_if(self.path, self._payload(), version)
+        if self.version is not None:
+          self.taken_over = f"{describe(held)}: {why}" if held else why
+      if self.version is None:  # another run created or took it over first
+        raise self._in_use(self._held()[0] or {"host": "?", "pid": "?",
+                                                "heartbeat": time.time()})
+    self._thread = threading.Thread(target=self._beat, name="t5lite-lease", daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(self.timeout_s / 10):
+      try:
+        version = storage.replace_if(self.path, self._payload(), self.version)
+      except (ConfigError, OSError):
+        continue  # the storage failed past its retries: the next beat tries again
+      if version is None:
+        self._still_ours()
+        return
+      self.version = version
+
+  def _still_ours(self) -> bool:
+    held, version = self._held()
+    if version != self.version:
+      self.lost = ("another trainer took over its lease"
+                   + (f" ({describe(held)})" if held else " (the lease object is gone)"))
+    return self.lost is None
+
+  def check(self) -> str | None:
+    if self.lost is None:
+      with contextlib.suppress(ConfigError, OSError):
+        self._still_ours()
+    return super().check() if self.lost else None
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    if self.version is not None and self.lost is None:
+      with contextlib.suppress(ConfigError, OSError):
+        storage.delete_if(self.path, self.version)
+
+
+def lease_for(model_dir: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Lease:
+  """The lease kind for where MODEL_DIR is: a bucket's (conditional writes) or a folder's."""
+  if storage.is_url(model_dir):
+    return BucketLease(model_dir, timeout_s=timeout_s)
+  return Lease(model_dir, timeout_s=timeout_s)
+
 
 @contextlib.contextmanager
 def hold(model_dir: str, *, timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -204,7 +291,7 @@ def hold(model_dir: str, *, timeout_s: float = DEFAULT_TIMEOUT_S):
   process raises ConfigError when process 0 cannot take it (held by another run, or MODEL_DIR
   not writable), so all of them stop together."""
   import jax
-  lease = Lease(model_dir, timeout_s=timeout_s) if jax.process_index() == 0 else None
+  lease = lease_for(model_dir, timeout_s=timeout_s) if jax.process_index() == 0 else None
   error = None
   if lease is not None:
     try:
