@@ -3,12 +3,14 @@ gs://, moto's server for s3://, started by tests/helpers/storage_servers.py): th
 writes an exclusive lease and a commit marker rely on, the one-line refusal of a bucket that
 is not there, and the MODEL_DIR lease in a bucket (t5lite.runtime.lease.BucketLease)."""
 import json
+import os
 import threading
 import time
 
 import pytest
 
-from t5lite.errors import ConfigError
+from t5lite.data.vocab import hf_vocabularies, vocabularies
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.runtime import lease as lease_lib
 from t5lite.util import storage
 
@@ -173,3 +175,38 @@ def test_a_bucket_lease_heartbeat_renews_only_its_own_version(bucket):
     time.sleep(0.05)
   assert held.lost and "another trainer took over its lease" in held.lost
   held.release()
+
+
+# --- inputs read from a bucket -----------------------------------------------------------------
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen jugs.",
+         "How vexingly quick daft zebras jump!", "Sphinx of black quartz, judge my vow."] * 20
+
+
+def _upload(folder, url) -> None:
+  for name in sorted(os.listdir(folder)):
+    storage.path(f"{url}/{name}").write_bytes((folder / name).read_bytes())
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])
+def test_a_vocabulary_in_a_bucket_loads_as_the_same_one_from_disk(bucket, kind, tmp_path):
+  _, url = bucket
+  if kind in ("sentencepiece", "hf_spiece"):
+    model = vocabularies.train_sentencepiece(TEXTS, vocab_size=47, byte_fallback=False)
+    vocabulary = vocabularies.SentencePieceVocabulary(model, extra_ids=100 if kind == "hf_spiece"
+                                                      else 7)
+  elif kind == "wordpiece":
+    vocabulary = hf_vocabularies.train_wordpiece(TEXTS, vocab_size=90)
+  else:
+    vocabulary = hf_vocabularies.train_byte_level_bpe(TEXTS, vocab_size=300)
+  if kind == "hf_spiece":  # an HF checkpoint's folder: spiece.model alone
+    (tmp_path / vocabularies.SPIECE_FILE).write_bytes(vocabulary.serialized_model)
+  else:
+    vocabulary.save(tmp_path)
+  _upload(tmp_path, f"{url}/vocab")
+  loaded = vocabularies.load_vocabulary(f"{url}/vocab")
+  assert loaded == vocabularies.load_vocabulary(tmp_path) == vocabulary
+  text = "Quick zebras judge the lazy box."
+  assert loaded.decode(loaded.encode(text)) == vocabulary.decode(vocabulary.encode(text))
+  with pytest.raises(ConfigFileNotFoundError, match=f"{url}/nothing-here"):
+    vocabularies.load_vocabulary(f"{url}/nothing-here")

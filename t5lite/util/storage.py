@@ -51,6 +51,26 @@ def split(url: str) -> tuple[str, str, str]:
   return match.group("scheme"), match.group("bucket"), match.group("key")
 
 
+def path(where):
+  """A path object for a local path or a bucket URL, with pathlib's API (`/`, is_file,
+  read_bytes, read_text, stat, ...): etils' epath.Path for a URL (through gcsfs / s3fs, as
+  orbax reads buckets), pathlib.Path otherwise, so local paths behave exactly as before."""
+  import os
+  import pathlib
+  if is_url(where if isinstance(where, str) else None):
+    from etils import epath
+    return epath.Path(where)
+  if type(where).__module__.startswith("etils"):
+    return where
+  return pathlib.Path(os.fspath(where))
+
+
+def size(where) -> int:
+  """Bytes of the file at a `path()` object (epath's stat calls it length, pathlib's st_size)."""
+  stat = where.stat()
+  return int(stat.st_size if hasattr(stat, "st_size") else stat.length)
+
+
 # --- clients ---------------------------------------------------------------------------------
 
 def _missing(extra: str, package: str) -> ConfigError:

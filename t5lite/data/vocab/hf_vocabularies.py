@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers import trainers
 
-from t5lite.util import atomic
+from t5lite.util import atomic, storage
 from t5lite.data.vocab.vocabularies import CONFIG_FILE, Vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
@@ -330,11 +330,11 @@ MAX_FILE_BYTES = 256 << 20  # vocabulary files of real tokenizers are a few MB
 
 
 def _read_text(path: str | os.PathLike, what: str) -> str:
-  path = pathlib.Path(path)
+  path = storage.path(path)
   if not path.is_file():
     raise ConfigFileNotFoundError(f"{what} not found: {path}")
-  if path.stat().st_size > MAX_FILE_BYTES:
-    raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, too large for {what} (over "
+  if storage.size(path) > MAX_FILE_BYTES:
+    raise ConfigError(f"{path}: {storage.size(path):,} bytes, too large for {what} (over "
                       f"{MAX_FILE_BYTES:,})")
   try:
     return path.read_bytes().decode("utf-8")

@@ -28,7 +28,7 @@ import sentencepiece as spm
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
-from t5lite.util import atomic
+from t5lite.util import atomic, storage
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 CONFIG_FILE = "vocabulary.json"
@@ -192,9 +192,10 @@ class SentencePieceVocabulary(Vocabulary):
     if isinstance(model, (bytes, bytearray)):
       self._model, where = bytes(model), "the sentencepiece model bytes"
     else:
-      if not os.path.isfile(model):
-        raise ConfigFileNotFoundError(f"sentencepiece model file not found: {os.fspath(model)}")
-      self._model, where = pathlib.Path(model).read_bytes(), os.fspath(model)
+      model = storage.path(model)
+      if not model.is_file():
+        raise ConfigFileNotFoundError(f"sentencepiece model file not found: {model}")
+      self._model, where = model.read_bytes(), str(model)
     self._sp, self._num_pieces = self._processor(where)
     layout = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
     if layout != (self.pad_id, self.eos_id, self.unk_id):
@@ -300,8 +301,8 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
   """Reads what Vocabulary.save wrote. A directory without vocabulary.json loads as the HF
   tokenizer it holds: spiece.model (a T5 checkpoint) as SentencePieceVocabulary with 100
   extra ids, like T5Tokenizer; vocab.txt (BERT) or vocab.json + merges.txt (GPT-2, RoBERTa)
-  as hf_vocabularies reads them."""
-  directory = pathlib.Path(directory)
+  as hf_vocabularies reads them. `directory` may be a bucket URL (gs://, s3://)."""
+  directory = storage.path(directory)
   config_path = directory / CONFIG_FILE
   if not config_path.is_file():
     if (directory / SPIECE_FILE).is_file():
