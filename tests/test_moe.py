@@ -110,7 +110,8 @@ def test_switch_logits_router_losses_and_round_trip_equal_hf(name, tmp_path_fact
            "encoder_segment_ids": np.ones((3, 13)), "decoder_segment_ids": np.ones((3, 9))}
   batch = {k: jnp.asarray(v, jnp.float32 if k.endswith("weights") else jnp.int32)
            for k, v in batch.items()}
-  loss_sum, sums = family_of(config).loss_fn(params, batch, None)
+  # Jitted, as training runs it: op by op, each of the loss's hundreds of ops compiles alone.
+  loss_sum, sums = jax.jit(family_of(config).loss_fn)(params, batch, None)
   n = float(sums["normalizer"])
   z = float(out.encoder_z_loss + out.decoder_z_loss)
   aux = float(out.encoder_aux_loss + out.decoder_aux_loss)
@@ -161,11 +162,12 @@ def test_per_layer_losses_sum_each_sparse_layer_alone():
     return z, np.mean(routed.mean(1) * probs.mean(1)) * 3 ** 2
 
   expected = np.sum([numpy_losses(v["logits"]) for _, _, _, v in layers], axis=0)
-  _, sums = moe_losses.router_loss_sums(config, routed, jnp.float32(1.0))
+  sums_of = jax.jit(moe_losses.router_loss_sums, static_argnums=0)  # one compile, not per op
+  _, sums = sums_of(config, routed, jnp.float32(1.0))
   np.testing.assert_allclose([sums["router_z_loss"], sums["router_aux_loss"]], expected,
                              rtol=1e-5)
   pooled = config.replace(moe=MoeConfig(**{**config.moe.to_dict(), "router_losses": "pooled"}))
-  _, pooled_sums = moe_losses.router_loss_sums(pooled, routed, jnp.float32(1.0))
+  _, pooled_sums = sums_of(pooled, routed, jnp.float32(1.0))
   assert float(pooled_sums["router_z_loss"]) == 0.0  # sparse step 1: HF computes none
 
 
