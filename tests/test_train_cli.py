@@ -25,8 +25,12 @@ from t5lite.runtime import checkpoints as ckpt_lib
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 120  # enough that a subprocess is still training when the test interrupts it
-RUN_GIN = run_gin(STEPS, period=25)
+# Enough that a subprocess is still training when the test interrupts it (SIGKILL after step
+# KILL_AFTER, SIGTERM after step 7: dozens of steps before the end), and no more: every test
+# trains the rest of the run in-process after the interruption.
+STEPS, PERIOD = 60, 20
+KILL_AFTER = PERIOD + 2  # past the checkpoint at PERIOD
+RUN_GIN = run_gin(STEPS, period=PERIOD)
 
 
 def train_argv(gin_file, model_dir, *more):
@@ -84,7 +88,7 @@ def test_reference_run_writes_a_self_describing_model_dir(reference):
 def test_sigkill_mid_run_then_restart_equals_the_uninterrupted_run(gin_file, reference,
                                                                    tmp_path):
   process = spawn(gin_file, tmp_path)
-  wait_for_step(process, tmp_path, 30)  # past the checkpoint at 25
+  wait_for_step(process, tmp_path, KILL_AFTER)
   process.send_signal(signal.SIGKILL)
   assert process.wait() == -signal.SIGKILL
   killed_at = max(logged_losses(tmp_path))
@@ -120,7 +124,8 @@ def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, referenc
   checkpoint it resumed is still the newest) and exits 42; a rerun resumes from there."""
   model_dir = tmp_path / "run"
   shutil.copytree(reference, model_dir)
-  shutil.rmtree(model_dir / "checkpoints" / str(STEPS))  # resume from step 100
+  resumed = STEPS - PERIOD  # the checkpoint before the last
+  shutil.rmtree(model_dir / "checkpoints" / str(STEPS))  # resume from there
   os.remove(model_dir / "metrics.jsonl")
   process = spawn(gin_file, model_dir)
   for line in process.stdout:  # the first line after the CLI installed its handler
@@ -129,21 +134,26 @@ def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, referenc
   process.send_signal(signal.SIGTERM)
   out, _ = process.communicate(timeout=120)
   assert process.returncode == PREEMPTED_EXIT_CODE, out
-  assert "preempted (SIGTERM) before the first step, at step 100" in out
-  assert ckpt_lib.Checkpointer(model_dir, read_only=True).all_steps() == [75, 100]
-  assert cli.main(train_argv(gin_file, model_dir, "--gin.TRAIN_STEPS=102")) == 0
-  assert logged_losses(model_dir) == {s: logged_losses(reference)[s] for s in (101, 102)}
+  assert f"preempted (SIGTERM) before the first step, at step {resumed}" in out
+  assert ckpt_lib.Checkpointer(model_dir, read_only=True).all_steps() == [resumed - PERIOD,
+                                                                           resumed]
+  assert cli.main(train_argv(gin_file, model_dir, f"--gin.TRAIN_STEPS={resumed + 2}")) == 0
+  assert logged_losses(model_dir) == {s: logged_losses(reference)[s]
+                                      for s in (resumed + 1, resumed + 2)}
 
 
 @pytest.mark.slow
 def test_demo_run_configs_train_end_to_end(tmp_path, capsys):
-  """gin/runs/demo.gin and demo_finetune.gin, a few steps each, on the embedded data."""
+  """gin/runs/demo.gin and demo_finetune.gin, a few steps each, on the embedded data. The
+  finetuning run's inference evals decode one batch (DecodeConfig.batch_size, 32 examples), not
+  its 64 (two): the same compiled decode and metrics, half the decoding."""
   pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
   assert cli.main(train_argv("gin/runs/demo.gin", pretrain, "--gin.TRAIN_STEPS=2",
                              "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1")) == 0
   assert cli.main(train_argv("gin/runs/demo_finetune.gin", finetune,
                              f"--gin.INITIAL_CHECKPOINT_PATH={pretrain}", "--gin.TRAIN_STEPS=4",
-                             "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1")) == 0
+                             "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1",
+                             "--gin.TrainConfig.infer_eval_examples=32")) == 0
   out = capsys.readouterr().out
   assert "initialized from" in out and "(step 2); 2 steps to go" in out
   records = [json.loads(line) for line in open(finetune / "metrics.jsonl")]

@@ -5,6 +5,7 @@ Subprocess behaviour (SIGKILL, SIGTERM, the CLI and its gin run files) is in tes
 import dataclasses
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -35,13 +36,30 @@ def config(model_dir, **changes) -> TrainConfig:
   return train_config(model_dir, **{**base, **changes})
 
 
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+  """(MODEL_DIR, result) of config()'s run stopped at step 3 (its checkpoint there), on the
+  default mesh (data parallel over all 8 devices). Every train() call costs seconds of tracing,
+  loading the compiled step and a first checkpoint save, so the tests that start from such a
+  run share this one: they read it, or copy it before training on."""
+  model_dir = tmp_path_factory.mktemp("three_steps") / "run"
+  return model_dir, train(MODEL, config(model_dir, train_steps=3), log=quiet)
+
+
+def copy_run(three_steps, target):
+  shutil.copytree(three_steps[0], target)
+  return target
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_stop_and_resume_equals_one_run_bitwise(tmp_path):
+def test_stop_and_resume_equals_one_run_bitwise(tmp_path, three_steps):
   one = train(MODEL, config(tmp_path / "one"), log=quiet)
-  half = train(MODEL, config(tmp_path / "two", train_steps=3), log=quiet)
+  half = three_steps[1]  # the same config stopped at step 3
+  copy_run(three_steps, tmp_path / "two")
   # Raising TRAIN_STEPS and rerunning into the same MODEL_DIR continues the finished run.
   rest = train(MODEL, config(tmp_path / "two"), log=quiet)
+  assert sorted(half.losses) == [1, 2, 3]
   assert sorted(one.losses) == list(range(1, 7))
   assert {**half.losses, **rest.losses} == one.losses  # bitwise: float equality
   assert logged_losses(tmp_path / "two") == logged_losses(tmp_path / "one") == one.losses
@@ -110,11 +128,12 @@ def test_meshes_give_the_one_device_trajectory(tmp_path, one_device, sizes, fsdp
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path):
-  train(MODEL, config(tmp_path, train_steps=3, mesh=MeshConfig(data=8)), log=quiet)
-  _, saved, _ = checkpoint_params(tmp_path)
-  other = Trainer(MODEL, config(tmp_path, mesh=MeshConfig(data=2, fsdp=2, tensor=2), fsdp=True))
-  checkpointer = ckpt_lib.Checkpointer(tmp_path, read_only=True)
+def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path, three_steps):
+  # Saved from the data-parallel mesh (8, 1, 1).
+  model_dir = copy_run(three_steps, tmp_path / "run")
+  _, saved, _ = checkpoint_params(model_dir)
+  other = Trainer(MODEL, config(model_dir, mesh=MeshConfig(data=2, fsdp=2, tensor=2), fsdp=True))
+  checkpointer = ckpt_lib.Checkpointer(model_dir, read_only=True)
   state, data_state, step = checkpointer.restore_latest(other.abstract_state)
   checkpointer.close()
   assert step == 3 and int(state.step) == 3 and len(data_state["rows"]) == 8
@@ -122,18 +141,19 @@ def test_restore_onto_another_mesh_keeps_params_and_data(tmp_path):
   wo = state.params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]  # (mlp, embed)
   assert wo.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
   # ... and training goes on there.
-  result = train(MODEL, config(tmp_path, train_steps=4, mesh=MeshConfig(2, 2, 2), fsdp=True),
+  result = train(MODEL, config(model_dir, train_steps=4, mesh=MeshConfig(2, 2, 2), fsdp=True),
                  log=quiet)
   assert list(result.losses) == [4]
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_path):
-  train(MODEL, config(tmp_path / "pre", train_steps=3), log=quiet)
-  _, pretrained, _ = checkpoint_params(tmp_path / "pre")
+def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_path,
+                                                                          three_steps):
+  pre = three_steps[0]  # only read: INITIAL_CHECKPOINT_PATH
+  _, pretrained, _ = checkpoint_params(pre)
   finetune = config(tmp_path / "ft", train_steps=5, mixture_or_task_name="train_test_copy",
-                    initial_checkpoint_path=str(tmp_path / "pre"),
+                    initial_checkpoint_path=str(pre),
                     optimizer=OptimizerConfig(name="adamw"))
   trainer = Trainer(MODEL, finetune)
   params, step = trainer.initial_params(finetune.initial_checkpoint_path)
@@ -147,19 +167,19 @@ def test_finetune_from_checkpoint_takes_params_only_and_continues_the_count(tmp_
   assert sorted(result.losses) == [4, 5]
   assert any("2 steps to go" in m for m in messages)
   with pytest.raises(ValueError, match="TRAIN_STEPS to 3 \\+ the number of finetuning steps"):
-    train(MODEL, config(tmp_path / "ft2", train_steps=3,
-                        initial_checkpoint_path=str(tmp_path / "pre")), log=quiet)
+    train(MODEL, config(tmp_path / "ft2", train_steps=3, initial_checkpoint_path=str(pre)),
+          log=quiet)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_mismatched_checkpoint_names_the_parameters(tmp_path):
-  train(MODEL, config(tmp_path / "pre", train_steps=1), log=quiet)
+def test_mismatched_checkpoint_names_the_parameters(tmp_path, three_steps):
   bigger = MODEL.replace(vocab_size=512)
   with pytest.raises(ValueError, match=r"token_embedder.*checkpoint \(384, 32\), model "
                      r"\(512, 32\)"):
-    train(bigger, config(tmp_path / "ft", train_steps=2,
-                         initial_checkpoint_path=str(tmp_path / "pre")), log=quiet)
+    # TRAIN_STEPS past the checkpoint's step 3: the shapes are what refuses the run.
+    train(bigger, config(tmp_path / "ft", train_steps=5,
+                         initial_checkpoint_path=str(three_steps[0])), log=quiet)
 
 
 def test_init_from_an_hf_checkpoint(tmp_path):
