@@ -1,7 +1,8 @@
 """Multi-host training with real local processes (gloo collectives on CPU, fake devices).
 
-One reference run (1 process x 4 devices, 20 steps, a checkpoint every 5) serves every
-comparison; the other topologies train the same tiny model on the same global batch of 8:
+One reference run (1 process x 4 devices, 20 steps, a checkpoint every 5; trained in this
+process, on 4 of its devices) serves every comparison; the other topologies train the same
+tiny model on the same global batch of 8:
   2 processes x 2 devices  started by the SLURM recipe (fake srun / scontrol), SIGTERM to one
                            process: both save one step and exit 42, the recipe requeues; then
                            one process resumes that checkpoint and ends where the reference did
@@ -186,11 +187,13 @@ def gin_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(gin_file, tmp_path_factory):
-  """1 process x 4 devices, checkpoints 5, 10, 15, 20: the trajectory to reproduce."""
+  """1 process x 4 devices, checkpoints 5, 10, 15, 20: the trajectory to reproduce. Trained
+  here (as the 2-process checkpoint is resumed below): one process needs no process of its
+  own, and its programs are then compiled in this one."""
   root = tmp_path_factory.mktemp("reference")
-  [(code, out)] = finish([start(train_argv(gin_file, root / "run", INFER_EVAL), 4,
-                                root / "process0.log")], root)
-  assert code == 0, out
+  binding, value = INFER_EVAL.removeprefix("--gin.").split("=")
+  model_config, config = configs(gin_file, root / "run", **{binding: value})
+  train(model_config, config, mesh=four_device_mesh(), log=lambda _: None)
   assert ckpt_lib.Checkpointer(root / "run", read_only=True).all_steps() == [5, 10, 15, 20]
   return root / "run"
 
