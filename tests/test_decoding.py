@@ -1,5 +1,7 @@
 """Incremental decoding: the cache against full recomputation, HF generate parity, the
 decoding methods' contracts, EOS handling and scoring."""
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -30,22 +32,35 @@ def prompts(seed=0, batch=3, length=9, vocab=128):
   return tokens
 
 
+@functools.lru_cache(maxsize=None)
+def forward(config):
+  """The training-path model.apply (no cache) jitted, the params an argument: one compile per
+  config and input shapes, shared by every test and reference here (eager, each of its
+  hundreds of ops would compile apart, again for every new shape)."""
+  model = make_model(config)
+  return jax.jit(lambda params, *args, **kwargs: model.apply({"params": params}, *args,
+                                                             **kwargs))
+
+
 def full_forward_logits(config, params, inputs, targets):
   """Reference: next-token logits (B, T, V) at each target position, one whole-sequence
   forward pass per row, no cache."""
-  model = make_model(config)
+  apply = forward(config)
   if config.architecture == "encoder_decoder":
     decoder_inputs = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-    return np.asarray(model.apply({"params": params}, inputs, decoder_inputs))
+    return np.asarray(apply(params, inputs, decoder_inputs))
   rows = []
   for prompt, target in zip(inputs, targets):
     prompt = prompt[prompt > 0]
-    seq = np.concatenate([[0], prompt, target[:-1]])[None]  # BOS, prompt, shifted targets
+    seq = np.concatenate([[0], prompt, target[:-1]])  # BOS, prompt, shifted targets
+    # Zeros after it, which no earlier position attends to (causal): every row has one shape,
+    # one compiled program.
+    seq = np.pad(seq, (0, inputs.shape[1] + targets.shape[1] - len(seq)))[None]
     extra = {}
     if config.prefix_lm:
       extra["decoder_causal_attention"] = (np.arange(seq.shape[1]) < len(prompt) + 1)[None]
-    logits = np.asarray(model.apply({"params": params}, seq, **extra))[0]
-    rows.append(logits[len(prompt):])
+    logits = np.asarray(apply(params, seq, **extra))[0]
+    rows.append(logits[len(prompt):len(prompt) + targets.shape[1]])
   return np.stack(rows)
 
 
@@ -186,38 +201,6 @@ def test_scanned_params_decode_and_score_exactly_the_same(model):
                                 decoding.teacher_forced_logits(config, params, inputs, out))
 
 
-@pytest.fixture
-def unscan_only_under_jit(monkeypatch):
-  """decoding's unscan_params, failing when it gets concrete arrays (a second copy of every
-  layer, made outside jit); yields its calls. Programs are traced afresh, before and after."""
-  calls = []
-
-  def traced_only(params):
-    leaves = jax.tree_util.tree_leaves(params)
-    assert all(isinstance(leaf, jax.core.Tracer) for leaf in leaves), "sliced outside jit"
-    calls.append(len(leaves))
-    return unscan_params(params)
-
-  cached = (decoding.jitted_generate, decoding._jitted_score, decoding._jitted_teacher_forced)
-  for fn in cached:
-    fn.cache_clear()
-  monkeypatch.setattr(decoding, "unscan_params", traced_only)
-  yield calls
-  for fn in cached:
-    fn.cache_clear()
-
-
-def test_scanned_layers_are_sliced_only_inside_jit(unscan_only_under_jit):
-  config = CONFIGS["enc_dec_relative_bias"]
-  config, params = scanned(config, init_params(config, 4))
-  inputs = prompts(12)
-  for method in ("greedy", "beam"):
-    out = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
-  decoding.score(config, params, inputs, out)
-  decoding.teacher_forced_logits(config, params, inputs, out)
-  assert unscan_only_under_jit  # the stand-in was used: it saw the stacks, as tracers
-
-
 def test_decoding_holds_no_copy_of_the_scanned_layers():
   """Compiled for stacks of 19 MB of layers, greedy decoding's temporaries stay far below
   one copy of them (2 MB): XLA slices each layer where it is read. XLA:CPU's default
@@ -267,8 +250,7 @@ def test_greedy_matches_hf_generate(tmp_path):
 def reference_beam_search(config, params, inputs, beams, max_len, alpha):
   """T5X's beam search written plainly, per example, with no cache: every step recomputes
   the whole decoder for each live beam. Returns the best hypothesis per example."""
-  model = make_model(config)
-  apply = jax.jit(lambda tokens, dec: model.apply({"params": params}, tokens, dec))
+  apply = functools.partial(forward(config), params)
   penalty = lambda length: ((5.0 + length) / 6.0) ** alpha
   out = np.zeros((len(inputs), max_len), np.int32)
   for b, x in enumerate(inputs):
@@ -340,3 +322,37 @@ def test_top_k_by_blocks_equals_lax_top_k_with_ties(shape, k):
     expected_values, expected_index = jax.lax.top_k(x, k)
     np.testing.assert_array_equal(values, expected_values)
     np.testing.assert_array_equal(index, expected_index)
+
+
+# Last in the module: its fixture empties decoding's caches of jitted programs, which every
+# test before it shares (the same configs and shapes compile once).
+@pytest.fixture
+def unscan_only_under_jit(monkeypatch):
+  """decoding's unscan_params, failing when it gets concrete arrays (a second copy of every
+  layer, made outside jit); yields its calls. Programs are traced afresh, before and after."""
+  calls = []
+
+  def traced_only(params):
+    leaves = jax.tree_util.tree_leaves(params)
+    assert all(isinstance(leaf, jax.core.Tracer) for leaf in leaves), "sliced outside jit"
+    calls.append(len(leaves))
+    return unscan_params(params)
+
+  cached = (decoding.jitted_generate, decoding._jitted_score, decoding._jitted_teacher_forced)
+  for fn in cached:
+    fn.cache_clear()
+  monkeypatch.setattr(decoding, "unscan_params", traced_only)
+  yield calls
+  for fn in cached:
+    fn.cache_clear()
+
+
+def test_scanned_layers_are_sliced_only_inside_jit(unscan_only_under_jit):
+  config = CONFIGS["enc_dec_relative_bias"]
+  config, params = scanned(config, init_params(config, 4))
+  inputs = prompts(12)
+  for method in ("greedy", "beam"):
+    out = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
+  decoding.score(config, params, inputs, out)
+  decoding.teacher_forced_logits(config, params, inputs, out)
+  assert unscan_only_under_jit  # the stand-in was used: it saw the stacks, as tracers
