@@ -44,6 +44,17 @@ def _config(**changes) -> TrainConfig:
                         **changes})
 
 
+DATA_PARALLEL = part.MeshConfig(data=4)  # what _config()'s default (data=-1) is on v5e:2x2
+
+
+@pytest.fixture(scope="module")
+def data_parallel_report(tmp_path_factory):
+  """The tiny T5 on v5e:2x2 as data=4, its HLO written: one compile (each takes ~10 s) for the
+  tests of the untimed ops and of microbatches."""
+  return aot_compile.compile_for_tpu(MODEL, _config(mesh=DATA_PARALLEL), "v5e:2x2",
+                                     emit_hlo=str(tmp_path_factory.mktemp("hlo")))
+
+
 @pytest.fixture(scope="module")
 def v5e_report():
   """The tiny T5 on v5e:2x2 (4 chips) as data=2 x tensor=2: params split over 'tensor'."""
@@ -222,9 +233,9 @@ def test_loops_are_costed_from_loop_free_compiles():
   assert scanned["optimal_seconds"] > 0 and 0 < scanned["estimated_mfu"] < 1
 
 
-def test_microbatches_are_costed_per_microbatch_times_their_number():
-  config = _config(step=dataclasses.replace(_config().step, microbatches=2))
-  whole = aot_compile.compile_for_tpu(MODEL, _config(), "v5e:2x2")
+def test_microbatches_are_costed_per_microbatch_times_their_number(data_parallel_report):
+  config = _config(mesh=DATA_PARALLEL, step=dataclasses.replace(_config().step, microbatches=2))
+  whole = data_parallel_report
   micro = aot_compile.compile_for_tpu(MODEL, config, "v5e:2x2")
   assert "2 microbatches" in micro["cost_from"]
   # The same model work; the optimizer update is counted once per microbatch (a few % here).
@@ -242,11 +253,10 @@ def test_the_loop_free_programs_of_an_encoder_decoder(depths, points):
   assert all(not m.scan_layers and t.step.microbatches == 1 for m, t, _ in runs)
 
 
-def test_ops_xla_cannot_time_are_added_back(tmp_path):
+def test_ops_xla_cannot_time_are_added_back(data_parallel_report):
   """A data-parallel step: XLA:TPU's raw optimal_seconds is near minus the number of
   ConcatBitcast custom calls; each counts -1 s, and they are added back."""
-  r = aot_compile.compile_for_tpu(MODEL, _config(mesh=part.MeshConfig(data=4)), "v5e:2x2",
-                                  emit_hlo=str(tmp_path))
+  r = data_parallel_report
   untimed = open(r["hlo_path"]).read().count('custom_call_target="ConcatBitcast"')
   assert untimed > 0 and r["xla_optimal_seconds_raw"] < -1
   assert r["optimal_seconds"] == pytest.approx(r["xla_optimal_seconds_raw"] + untimed)
