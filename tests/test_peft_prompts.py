@@ -5,6 +5,7 @@ models: t5lite's adapted logits equal peft's PeftModel on the HF base, for promp
 every family and prefix tuning of decoder-only models; peft's own adapters load into t5lite
 with the same logits; packed rows, padding, scanned layers and KV-cache decoding agree with the
 plain forward; merging and encoder-decoder prefix export are refused by name."""
+import functools
 import json
 
 import jax
@@ -65,10 +66,17 @@ def random_adapter(config, saved=(), seed=0):
   return jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(s.dtype), half)
 
 
+@functools.lru_cache(maxsize=None)
+def jitted_logits(config):
+  """The family's logits(params, batch), jitted once per config: one compiled program per
+  input shape instead of one per operation (op by op, a cold cache compiles each op)."""
+  return jax.jit(family_of(config).logits)
+
+
 def ours(config, params, name, ids):
   if name == "t5":
     return t5lite.logits(config, params, ids, ids[:, ::-1])
-  return np.asarray(family_of(config).logits(params, {
+  return np.asarray(jitted_logits(config)(params, {
       "decoder_input_tokens" if name in ("gpt2", "llama") else "encoder_input_tokens": ids}))
 
 
@@ -176,11 +184,11 @@ def test_packed_rows_equal_each_example_alone(base, adapter, name):
   adapted = config.replace(adapter=adapter)
   whole = adapters.combine(params, random_adapter(adapted))
   a, b = ids_for(4, (1, 5)), ids_for(5, (1, 4))
-  model = family_of(adapted).make_model()
-  packed = model.apply({"params": whole}, np.concatenate([a, b], 1),
-                       decoder_segment_ids=np.array([[1] * 5 + [2] * 4]),
-                       decoder_positions=np.array([list(range(5)) + list(range(4))]))
-  alone = [model.apply({"params": whole}, x) for x in (a, b)]
+  apply = jax.jit(family_of(adapted).make_model().apply)
+  packed = apply({"params": whole}, np.concatenate([a, b], 1),
+                 decoder_segment_ids=np.array([[1] * 5 + [2] * 4]),
+                 decoder_positions=np.array([list(range(5)) + list(range(4))]))
+  alone = [apply({"params": whole}, x) for x in (a, b)]
   assert_close(np.asarray(packed), np.concatenate([np.asarray(x) for x in alone], 1), 1e-5)
 
 

@@ -68,42 +68,49 @@ def test_the_train_state_holds_only_the_adapters(tmp_path):
   assert trainer.model_config.adapter == LORA
 
 
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+  """(folder, base params, train()'s result for once): a base, a 4-step LoRA run on it in one
+  go (folder/once) and the same run stopped at step 2 and resumed (folder/twice). Made once
+  for the two tests below, which only read them."""
+  root = tmp_path_factory.mktemp("lora")
+  config = tiny()
+  base = write_base(root / "base", config)
+  result = run(root / "once", config, options(root / "base"), steps=4)
+  run(root / "twice", config, options(root / "base"), steps=2, checkpoint=_every(2))
+  run(root / "twice", config, options(root / "base"), steps=4)
+  return root, base, result
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(tmp_path):
-  config = tiny()
-  base = write_base(tmp_path / "base", config)
-  result = run(tmp_path / "run", config, options(tmp_path / "base"), steps=4)
+def test_a_lora_run_trains_the_adapters_and_leaves_the_base_bitwise(lora_runs):
+  root, base, result = lora_runs
   assert result.step == 4
   # The checkpoint holds the adapters only; peft.json names the base by fingerprint.
-  record = peft_record.read(tmp_path / "run")
-  assert record["base"] == str(tmp_path / "base") and len(record["base_fingerprint"]) == 64
+  record = peft_record.read(root / "once")
+  assert record["base"] == str(root / "base") and len(record["base_fingerprint"]) == 64
   from t5lite.runtime import checkpoint_reader
-  saved = checkpoint_reader.saved_param_shapes(str(tmp_path / "run"))
+  saved = checkpoint_reader.saved_param_shapes(str(root / "once"))
   assert saved and all(k.endswith(("['lora_a']", "['lora_b']")) for k in saved)
   # load_params joins them to the untouched base.
-  loaded_config, params, step = peft_record.load_run(str(tmp_path / "run"))
+  loaded_config, params, step = peft_record.load_run(str(root / "once"))
   assert loaded_config.adapter == LORA and step == 4
   base_half, adapter_half = adapters.split(jax.device_get(params))
   for k, v in leaves(base).items():
     np.testing.assert_array_equal(leaves(base_half)[k], v)
   assert any(np.abs(v).max() > 0 for k, v in leaves(adapter_half).items() if "lora_b" in k)
-  losses = [json.loads(l)["loss"] for l in open(tmp_path / "run" / "metrics.jsonl")
+  losses = [json.loads(l)["loss"] for l in open(root / "once" / "metrics.jsonl")
             if '"loss"' in l]
   assert losses[-1] < losses[0]
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_stopped_and_resumed_lora_run_equals_one_run_bitwise(tmp_path):
-  config = tiny()
-  write_base(tmp_path / "base", config)
-  run(tmp_path / "once", config, options(tmp_path / "base"), steps=4)
-  run(tmp_path / "twice", config, options(tmp_path / "base"), steps=2,
-      checkpoint=_every(2))
-  run(tmp_path / "twice", config, options(tmp_path / "base"), steps=4)
-  a = leaves(peft_record.load_run(str(tmp_path / "once"))[1])
-  b = leaves(peft_record.load_run(str(tmp_path / "twice"))[1])
+def test_a_stopped_and_resumed_lora_run_equals_one_run_bitwise(lora_runs):
+  root = lora_runs[0]
+  a = leaves(peft_record.load_run(str(root / "once"))[1])
+  b = leaves(peft_record.load_run(str(root / "twice"))[1])
   for k in a:
     np.testing.assert_array_equal(a[k], b[k])
 
