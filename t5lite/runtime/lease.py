@@ -251,9 +251,11 @@ class BucketLease(Lease):
         version = storage.replace_if(self.path, self._payload(), self.version)
       except (ConfigError, OSError):
         continue  # the storage failed past its retries: the next beat tries again
-      if version is None:
-        self._still_ours()
-        return
+      if version is None:  # refused: taken over (stop beating), or a conflict to retry
+        with contextlib.suppress(ConfigError, OSError):
+          if not self._still_ours():
+            return
+        continue
       self.version = version
 
   def _still_ours(self) -> bool:

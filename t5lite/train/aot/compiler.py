@@ -381,7 +381,8 @@ def table(r: dict[str, Any]) -> str:
                  f"program, which XLA counts loop bodies of once: {r['xla_flops_compiled_program']:.4g} "
                  "flops)"))
   if r.get("xla_cost_counts_loop_bodies_once"):
-    skipped = " (--fit_only: no loop-free compiles, no MFU estimate)" if r.get("cost_skipped") else ""
+    skipped = (" (--fit_only: no loop-free compiles, no MFU estimate)"
+               if r.get("cost_skipped") else "")
     rows.append(("note", f"XLA counts a loop body once: with "
                  f"{r['xla_cost_counts_loop_bodies_once']}, its flops and time undercount"
                  + skipped))
