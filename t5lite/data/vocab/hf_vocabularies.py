@@ -333,8 +333,9 @@ def _read_text(path: str | os.PathLike, what: str) -> str:
   path = storage.path(path)
   if not path.is_file():
     raise ConfigFileNotFoundError(f"{what} not found: {path}")
-  if storage.size(path) > MAX_FILE_BYTES:
-    raise ConfigError(f"{path}: {storage.size(path):,} bytes, too large for {what} (over "
+  size = storage.size(path)  # (one stat: a request when path is in a bucket)
+  if size > MAX_FILE_BYTES:
+    raise ConfigError(f"{path}: {size:,} bytes, too large for {what} (over "
                       f"{MAX_FILE_BYTES:,})")
   try:
     return path.read_bytes().decode("utf-8")
