@@ -85,12 +85,6 @@ def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   params, step = checkpoint_reader.restore_params(checkpoint_path, abstract,
                                                   ignore=(DISTILLATION_PARAMS,))
   return model_config, params, step
-  shardings = partitioning.param_shardings(model_config, mesh, rules)
-  abstract = partitioning.abstract_sharded(family_of(model_config).abstract_params(), shardings)
-  # A distillation run's checkpoint also holds its trained projection, not part of the model.
-  params, step = checkpoint_reader.restore_params(checkpoint_path, abstract,
-                                                  ignore=(DISTILLATION_PARAMS,))
-  return model_config, params, step
 
 
 def write_json(path: str, value) -> None:
