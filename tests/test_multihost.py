@@ -476,17 +476,17 @@ def test_a_model_dir_that_is_not_shared_stops_every_process(tmp_path, monkeypatc
   monkeypatch.setattr(multihost_utils, "process_allgather", all_gather)
   model_dir = tmp_path / "run"
   with pytest.raises(ValueError, match=r"MODEL_DIR .*/run is not shared: process\(es\) \[1\] "
-                     r"do not see the file process 0 wrote there .* GCS FUSE mount"):
+                     r"do not see the file process 0 wrote there .* FUSE mount .*gs://BUCKET/run"):
     model_dir_lib.check_shared(model_dir, patience=0)
   assert seen == [1]  # this process (0) saw its own file
   assert os.listdir(model_dir) == []  # and removed it
 
 
-def test_a_model_dir_url_is_refused_before_anything_runs(capsys):
-  assert cli.main(["train", "--gin_file=gin/runs/demo.gin", "--gin.MODEL_DIR=gs://bucket/run"]) == 2
+def test_a_model_dir_url_of_another_scheme_than_a_bucket_is_refused_before_anything_runs(capsys):
+  assert cli.main(["train", "--gin_file=gin/runs/demo.gin", "--gin.MODEL_DIR=http://host/run"]) == 2
   err = capsys.readouterr().err
-  assert "MODEL_DIR='gs://bucket/run': MODEL_DIR must be a folder every host sees" in err
-  assert "a GCS FUSE mount like /gcs/BUCKET/run; gs:// URLs are not supported yet" in err
+  assert ("MODEL_DIR='http://host/run': t5lite reads and writes gs://BUCKET/PATH and "
+          "s3://BUCKET/PATH URLs and local folders (or mounts), not this scheme") in err
 
 
 # --- cluster detection (pure functions of the environment) ----------------------------------

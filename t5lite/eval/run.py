@@ -33,7 +33,8 @@ from t5lite.errors import ConfigError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
 from t5lite.families import family_of
 from t5lite.runtime.metrics_writer import MetricsWriter
-from t5lite.runtime.model_dir import check_not_url
+from t5lite.runtime.model_dir import check_location
+from t5lite.util import atomic, paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +59,9 @@ class EvalConfig:
   checkpoint_path alone (a PEFT RUN_DIR there is joined with the base its peft.json names)."""
 
   def __post_init__(self):
-    check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
-    check_not_url(self.output_dir, "EVAL_OUTPUT_DIR")
-    check_not_url(self.adapter, "--adapter")
+    check_location(self.checkpoint_path, "CHECKPOINT_PATH")
+    check_location(self.output_dir, "EVAL_OUTPUT_DIR")
+    check_location(self.adapter, "--adapter")
     check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
                           self.decode.batch_size)
     require_int(self.max_examples, "EvalConfig.max_examples", minimum=1, optional=True)
@@ -92,9 +93,10 @@ class InferConfig:
   program (t5lite.interop.peft.adapter_batch)."""
 
   def __post_init__(self):
-    check_not_url(self.checkpoint_path, "CHECKPOINT_PATH")
-    check_not_url(self.output_path, "INFER_OUTPUT")
-    check_not_url(self.adapter, "--adapter")
+    check_location(self.checkpoint_path, "CHECKPOINT_PATH")
+    check_location(self.input_path, "INFER_INPUT")
+    check_location(self.output_path, "INFER_OUTPUT")
+    check_location(self.adapter, "--adapter")
     # inputs_length - 1 tokens and an EOS: 1 would leave no room for any text.
     require_int(self.inputs_length, "INPUTS_LENGTH (InferConfig.inputs_length)", minimum=2)
     check_feature_lengths({"inputs": self.inputs_length}, "INPUTS_LENGTH",
@@ -112,10 +114,8 @@ def _check_max_decode_length(decode: DecodeConfig) -> None:
 
 
 def _write_jsonl(path: str, records) -> None:
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    for record in records:
-      f.write(json.dumps(record, ensure_ascii=False) + "\n")
-  os.replace(path + ".tmp", path)
+  atomic.write_file(path, "".join(json.dumps(record, ensure_ascii=False) + "\n"
+                                  for record in records))
 
 
 def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
@@ -129,12 +129,12 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
   no_metrics = [t.name for t in tasks if not t.metric_fns]
   if no_metrics:
     raise ConfigError(f"tasks {no_metrics} have no metric_fns to evaluate")
-  output_dir = config.output_dir or os.path.join(
+  output_dir = config.output_dir or paths.join(
       model_dir_of(config.adapter or config.checkpoint_path), "eval")
   primary = jax.process_index() == 0  # the one process that writes and prints
   log = log if primary else _silent
   if primary:
-    os.makedirs(output_dir, exist_ok=True)
+    paths.makedirs(output_dir)
   mesh = part.make_mesh(part.MeshConfig())
   rules = part.logical_axis_rules()
   model_config, params, step, _, _ = adapter_batch.load_model(
@@ -152,14 +152,14 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
                                 max_examples=config.max_examples)
       result = evaluator.evaluate(model_config, params, config.decode)
       if primary:
-        _write_jsonl(os.path.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
+        _write_jsonl(paths.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
       task_metrics = {f"eval/{task.name}/{k}": v for k, v in result.metrics.items()}
       log(f"  {task.name} ({len(evaluator.examples)} examples): "
           + "  ".join(f"{k} {v:.3f}" for k, v in result.metrics.items()))
       metrics.update(task_metrics)
   if primary:
-    with open(os.path.join(output_dir, f"metrics-{step}.json"), "w", encoding="utf-8") as f:
-      json.dump({"step": step, **metrics}, f, indent=2)
+    atomic.write_file(paths.join(output_dir, f"metrics-{step}.json"),
+                      json.dumps({"step": step, **metrics}, indent=2))
   with MetricsWriter(output_dir, is_primary=primary) as writer:
     writer.write(step, metrics)
   log(f"t5lite eval: wrote {output_dir}")
@@ -214,7 +214,7 @@ def _read_records(path: str) -> Iterator[tuple[str, str | None, int]]:
   """(text, adapter name or None, line number) of each input: a line of text, or a JSON
   object with an 'inputs' field and optionally an 'adapter' field (a name from
   InferConfig.adapters, or 'base' for the base alone)."""
-  stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+  stream = sys.stdin if path == "-" else paths.open_text(path)
   try:
     for number, line in enumerate(stream, 1):
       line = line.rstrip("\n")
@@ -307,13 +307,22 @@ def infer(config: InferConfig) -> int:
     raise
   if to_file:
     out.close()
-    os.replace(out.name, config.output_path)
+    if paths.is_url(config.output_path):  # one upload of the whole file: atomic on a bucket
+      with open(out.name, "rb") as f:
+        atomic.write_file(config.output_path, f.read())
+      os.remove(out.name)
+    else:
+      os.replace(out.name, config.output_path)
   return len(texts)
 
 
 def _open_output(path: str):
   """The temporary file beside INFER_OUTPUT, opened for writing, or a ConfigError saying why
-  it cannot be: a folder, a folder that does not exist, no permission, a read-only disk."""
+  it cannot be: a folder, a folder that does not exist, no permission, a read-only disk. For a
+  bucket URL, a local temporary file (uploaded whole at the end)."""
+  if paths.is_url(path):
+    import tempfile
+    return tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".jsonl", delete=False)
   if os.path.isdir(path):
     raise ConfigError(f"INFER_OUTPUT={path} is a folder: name a file, e.g. "
                       f"{os.path.join(path, 'predictions.jsonl')}")

@@ -23,6 +23,7 @@ from t5lite.runtime import integrity
 from t5lite.runtime.checkpoints import CHECKPOINTS_DIR, checkpoint_dir
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
+from t5lite.util import paths
 
 Tree = Any
 
@@ -30,11 +31,11 @@ Tree = Any
 def _step_state_dir(path: str) -> tuple[str, int]:
   """The `state` folder of a checkpoint and its step, from a MODEL_DIR (its newest committed
   step), a MODEL_DIR/checkpoints folder, or one step folder."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if os.path.isdir(os.path.join(path, "state")) and os.path.basename(path).isdigit():
-    return os.path.join(path, "state"), int(os.path.basename(path))
-  directory = path if os.path.basename(path) == CHECKPOINTS_DIR else checkpoint_dir(path)
-  if not os.path.isdir(directory):
+  path = paths.absolute(path)
+  if paths.basename(path).isdigit() and paths.isdir(paths.join(path, "state")):
+    return paths.join(path, "state"), int(paths.basename(path))
+  directory = path if paths.basename(path) == CHECKPOINTS_DIR else checkpoint_dir(path)
+  if not paths.isdir(directory):
     raise ConfigFileNotFoundError(f"{path} holds no t5lite checkpoints (no {CHECKPOINTS_DIR}/ "
                                   "folder and not a step folder)")
   with integrity.quiet_orbax(logging.CRITICAL):
@@ -44,7 +45,7 @@ def _step_state_dir(path: str) -> tuple[str, int]:
     manager.close()
   if step is None:
     raise ConfigFileNotFoundError(f"{directory} holds no committed checkpoint")
-  return os.path.join(directory, str(step), "state"), step
+  return paths.join(directory, str(step), "state"), step
 
 
 def _saved_params(checkpointer, state_dir: str, step: int, step_dir: str, noise: list) -> Tree:
@@ -63,7 +64,7 @@ def _saved_params(checkpointer, state_dir: str, step: int, step_dir: str, noise:
 def saved_param_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
   """{jax keystr of each param path: its shape} of a checkpoint's params (nothing restored)."""
   state_dir, step = _step_state_dir(path)
-  saved = _saved_params(ocp.PyTreeCheckpointer(), state_dir, step, os.path.dirname(state_dir),
+  saved = _saved_params(ocp.PyTreeCheckpointer(), state_dir, step, paths.dirname(state_dir),
                         [])
   return {jax.tree_util.keystr(p): tuple(m.shape)
           for p, m in jax.tree_util.tree_leaves_with_path(saved)}
@@ -84,7 +85,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
   trained projection).
   """
   state_dir, step = _step_state_dir(path)
-  step_dir = os.path.dirname(state_dir)
+  step_dir = paths.dirname(state_dir)
   noise: list[str] = []
   sealed, error = None, None
   if jax.process_index() == 0:

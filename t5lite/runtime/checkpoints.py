@@ -46,6 +46,7 @@ from t5lite.errors import ConfigError
 from t5lite.runtime import integrity
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
+from t5lite.util import paths
 
 CHECKPOINTS_DIR = "checkpoints"
 ON_CORRUPT = ("fallback", "stop")
@@ -115,7 +116,7 @@ _OS_ERROR_WORDS = ("No space left on device", "Disk quota exceeded", "Read-only 
 
 
 def checkpoint_dir(model_dir: str | os.PathLike) -> str:
-  return os.path.join(os.path.abspath(os.fspath(model_dir)), CHECKPOINTS_DIR)
+  return paths.join(paths.absolute(model_dir), CHECKPOINTS_DIR)
 
 
 def _metric_of(name: str):
@@ -144,7 +145,7 @@ class Checkpointer:
     self.read_only = read_only
     self.lease = lease  # t5lite.runtime.lease.Lease: no save once another run has taken it
     self.directory = checkpoint_dir(model_dir)
-    self.model_dir = os.path.dirname(self.directory)
+    self.model_dir = paths.dirname(self.directory)
     self.is_primary = jax.process_index() == 0
     self._unsealed: list[int] = []  # saved by this run, not sealed yet
     options = ocp.CheckpointManagerOptions(
@@ -156,6 +157,10 @@ class Checkpointer:
         # Not at start: a run refused before its first save leaves no folder behind (save
         # makes it).
         create=False,
+        # On a bucket a step is committed by an object written last into it (no folder
+        # rename there); orbax does so on gs:// by itself, and is told to on s3://.
+        **(dict(atomicity_options=ocp.options.AtomicityOptions(
+            mode=ocp.options.AtomicityMode.COMMIT_FILE)) if paths.is_url(self.directory) else {}),
         # With a best_fn orbax also writes each ranked checkpoint's metrics into its step
         # folder, so the ranking (and which step BestN keeps) survives a restart.
         **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
@@ -168,7 +173,7 @@ class Checkpointer:
     self._seal_error: OSError | None = None  # from seal_committed, raised at the next wait
 
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(int(step)))
+    return paths.join(self.directory, str(int(step)))
 
   def all_steps(self) -> list[int]:
     """Committed steps, oldest first."""
@@ -193,7 +198,7 @@ class Checkpointer:
     best = self.config.best_metric
     if metrics is not None and (best is None or best not in metrics):
       metrics = None  # orbax ranks every checkpoint that has metrics: only complete ones
-    os.makedirs(self.directory, exist_ok=True)
+    paths.makedirs(self.directory)
     self._in_flight = int(step)
     with self._write_errors():
       self._manager.save(int(step), args=ocp.args.Composite(
@@ -246,7 +251,7 @@ class Checkpointer:
     try:
       for step in steps:
         step_dir = self.step_dir(step)
-        if self.is_primary and os.path.isdir(step_dir) and not integrity.is_sealed(step_dir):
+        if self.is_primary and paths.isdir(step_dir) and not integrity.is_sealed(step_dir):
           integrity.seal(step_dir)
     except OSError as e:
       return e
@@ -323,7 +328,7 @@ class Checkpointer:
     try:
       with integrity.quiet_orbax(logging.CRITICAL):
         saved = ocp.PyTreeCheckpointer().metadata(
-            os.path.join(self.step_dir(step), "state")).item_metadata.tree
+            paths.join(self.step_dir(step), "state")).item_metadata.tree
     except Exception as e:  # a damaged _METADATA: orbax raises many kinds
       raise CorruptCheckpointError(f"checkpoint step {step}: its array metadata cannot be "
                                    f"read: {integrity.first_line(e)}") from e
@@ -398,9 +403,9 @@ class Checkpointer:
     older = [s for s in steps if s < step]
     then = f"falling back to step {older[-1]}" if older else "no older checkpoint"
     kept = ("left in place (read only)" if self.read_only
-            else f"moved to {os.path.relpath(moved, self.model_dir)}")
+            else f"moved to {moved[len(self.model_dir):].lstrip('/' + os.sep)}")
     print(f"t5lite: warning: {error}; {kept}, {then}{where}", file=sys.stderr, flush=True)
-    return os.path.basename(moved)
+    return paths.basename(moved)
 
   def wait(self) -> None:
     """Blocks until the save in flight (if any) has committed, and seals it."""

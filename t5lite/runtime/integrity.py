@@ -36,12 +36,15 @@ import google_crc32c
 import jax
 import numpy as np
 
-from t5lite.util import atomic
+from t5lite.util import atomic, paths, storage
 from t5lite.errors import ConfigError
 
 CHECKSUMS_FILE = "t5lite_checksums.json"
 LOG_FILE = "t5lite.log"
 _BLOCK = 8 << 20  # read files in 8 MiB blocks: memory stays flat whatever the array size
+COMMIT_MARKER = "commit_success.txt"
+"""What orbax writes last into a step it saves on a bucket: the step is committed once it is
+there (on a local disk the step folder's rename commits it)."""
 
 
 class CorruptCheckpointError(ConfigError):
@@ -52,7 +55,7 @@ class CorruptCheckpointError(ConfigError):
 
 def file_crc32c(path: str) -> int:
   crc = 0
-  with open(path, "rb") as f:
+  with paths.open_binary(path) as f:
     while block := f.read(_BLOCK):
       crc = google_crc32c.extend(crc, block)
   return crc
@@ -60,26 +63,21 @@ def file_crc32c(path: str) -> int:
 
 def _files(step_dir: str) -> list[str]:
   """Every file of a step folder (relative paths, '/'-separated), the checksum list aside."""
-  found = []
-  for root, _, names in os.walk(step_dir):
-    for name in names:
-      rel = os.path.relpath(os.path.join(root, name), step_dir).replace(os.sep, "/")
-      if rel != CHECKSUMS_FILE and not rel.endswith(".tmp") and not name.startswith(
-          f".{CHECKSUMS_FILE}."):  # a temporary of a seal cut short
-        found.append(rel)
-  return sorted(found)
+  return [rel for rel in paths.files_under(step_dir)
+          if rel != CHECKSUMS_FILE and not rel.endswith(".tmp")
+          and not rel.rsplit("/", 1)[-1].startswith(f".{CHECKSUMS_FILE}.")]  # a seal cut short
 
 
 def is_sealed(step_dir: str) -> bool:
-  return os.path.isfile(os.path.join(step_dir, CHECKSUMS_FILE))
+  return paths.isfile(paths.join(step_dir, CHECKSUMS_FILE))
 
 
 def seal(step_dir: str) -> None:
   """Writes the checksum list of a committed step (atomically: a kill leaves none)."""
-  files = {rel: {"size": os.path.getsize(os.path.join(step_dir, rel)),
-                 "crc32c": f"{file_crc32c(os.path.join(step_dir, rel)):08x}"}
+  files = {rel: {"size": paths.size(paths.join(step_dir, rel)),
+                 "crc32c": f"{file_crc32c(paths.join(step_dir, rel)):08x}"}
            for rel in _files(step_dir)}
-  path = os.path.join(step_dir, CHECKSUMS_FILE)
+  path = paths.join(step_dir, CHECKSUMS_FILE)
   try:
     atomic.write_file(path, json.dumps({"algorithm": "crc32c", "files": files}, indent=1,
                                        sort_keys=True))
@@ -99,21 +97,20 @@ def describe(rel: str) -> str:
 def verify(step_dir: str, step: int) -> bool:
   """Checks every listed file of a sealed step: True when it was sealed and is intact, False
   when it was never sealed. Raises CorruptCheckpointError naming the step and the file."""
-  path = os.path.join(step_dir, CHECKSUMS_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(step_dir, CHECKSUMS_FILE)
+  if not paths.isfile(path):
     return False
   try:
-    with open(path, encoding="utf-8") as f:
-      listed = json.load(f)["files"]
+    listed = json.loads(paths.read_text(path))["files"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise CorruptCheckpointError(f"checkpoint step {step}: its checksum list {CHECKSUMS_FILE} "
                                  f"is unreadable ({e})") from e
   for rel, want in sorted(listed.items()):
-    full = os.path.join(step_dir, rel)
+    full = paths.join(step_dir, rel)
     what = f"checkpoint step {step}: {rel} ({describe(rel)})"
-    if not os.path.isfile(full):
+    if not paths.isfile(full):
       raise CorruptCheckpointError(f"{what} is missing")
-    size = os.path.getsize(full)
+    size = paths.size(full)
     if size != want["size"]:
       raise CorruptCheckpointError(f"{what} has {size} bytes, {want['size']} were saved")
     try:
@@ -162,12 +159,24 @@ def quiet_orbax(level: int = logging.ERROR):
 
 def move_aside(step_dir: str) -> str:
   """Renames a damaged step folder to <step>.corrupt-N (N: the first unused, from 1);
-  returns the new path. Never deletes."""
+  returns the new path. Never deletes a file no copy holds.
+
+  A bucket has no folder rename: every object is copied to <step>.corrupt-N/ first (a server
+  side copy), then the originals are deleted, orbax's commit marker first, so that a kill in
+  between leaves either the whole step listed (found damaged again on the next start) or an
+  uncommitted folder (which orbax clears) beside a whole copy."""
   n = 1
-  while os.path.exists(f"{step_dir}.corrupt-{n}"):
+  while paths.exists(f"{step_dir}.corrupt-{n}"):
     n += 1
   target = f"{step_dir}.corrupt-{n}"
-  os.rename(step_dir, target)
+  if not paths.is_url(step_dir):
+    os.rename(step_dir, target)
+    return target
+  names = paths.files_under(step_dir)
+  for rel in names:
+    storage.copy(paths.join(step_dir, rel), paths.join(target, rel))
+  for rel in sorted(names, key=lambda rel: rel != COMMIT_MARKER):  # the marker first
+    paths.remove(paths.join(step_dir, rel))
   return target
 
 
@@ -178,11 +187,10 @@ def log_details(model_dir: str, text: str) -> str | None:
   or None when it cannot be written (a read-only MODEL_DIR): the caller then says less."""
   if jax.process_index() != 0:
     return None  # one writer per MODEL_DIR file; other processes' output says the rest
-  path = os.path.join(model_dir, LOG_FILE)
+  path = paths.join(model_dir, LOG_FILE)
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
   try:
-    with open(path, "a", encoding="utf-8") as f:
-      f.write(f"--- {stamp} pid {os.getpid()}\n{text.rstrip()}\n")
+    paths.append_text(path, f"--- {stamp} pid {os.getpid()}\n{text.rstrip()}\n")
   except OSError:
     return None
   return path

@@ -5,7 +5,9 @@ metrics.jsonl holds one JSON object per `write` call, e.g.
   {"step": 200, "loss": 3.02, "eval/glue_cola/accuracy": 0.69}
 where `loss` is that step's training loss (not a running average) and eval figures use keys
 `eval/<task>/<metric>`. TensorBoard events go to MODEL_DIR/tensorboard/ through
-tensorboardX, so no TensorFlow is needed.
+tensorboardX, so no TensorFlow is needed. On a bucket MODEL_DIR (gs://, s3://), which has no
+append, metrics.jsonl is uploaded whole at every write (one object, atomic; a few hundred
+bytes a row), as tensorboardX does with its event file there.
 """
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import collections
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, Mapping
+
+from t5lite.util import atomic, paths, storage
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -36,14 +41,30 @@ def _summary_writer_class():
   """
   if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
     from tensorboardX import SummaryWriter
-    return SummaryWriter
-  sys.modules["torch"] = None
-  try:
-    from tensorboardX import SummaryWriter
-  finally:
-    if sys.modules.get("torch", 0) is None:
-      del sys.modules["torch"]
+  else:
+    sys.modules["torch"] = None
+    try:
+      from tensorboardX import SummaryWriter
+    finally:
+      if sys.modules.get("torch", 0) is None:
+        del sys.modules["torch"]
+  from tensorboardX import record_writer
+  for scheme in storage.SCHEMES:
+    record_writer.register_writer_factory(scheme, _BucketEventFiles())
   return SummaryWriter
+
+
+class _BucketEventFiles:
+  """tensorboardX's writer factory for gs:// and s3:// event files, through t5lite's own
+  storage calls. tensorboardX ships its own, but its GCS writer uploads again when garbage
+  collected after close (at interpreter exit: a 120 s retry if the bucket is unreachable),
+  and its S3 one reads the endpoint from S3_ENDPOINT only."""
+
+  def open(self, path: str) -> "_BucketAppender":
+    return _BucketAppender(path, binary=True)
+
+  def directory_check(self, path: str) -> None:
+    del path  # no folders in a bucket
 
 
 class MetricsWriter:
@@ -64,13 +85,14 @@ class MetricsWriter:
     self._tb = None
     if not is_primary:
       return
-    os.makedirs(self.model_dir, exist_ok=True)
-    path = os.path.join(self.model_dir, METRICS_FILE)
+    paths.makedirs(self.model_dir)
+    path = paths.join(self.model_dir, METRICS_FILE)
     if resume_step is not None:
       _drop_rows_after(path, resume_step)
     # Append, so that a run resumed from a checkpoint keeps the earlier history.
-    self._jsonl = open(path, "a", encoding="utf-8")
-    self._tb = _summary_writer_class()(logdir=os.path.join(self.model_dir, TENSORBOARD_DIR),
+    self._jsonl = _BucketAppender(path) if paths.is_url(path) else open(path, "a",
+                                                                         encoding="utf-8")
+    self._tb = _summary_writer_class()(logdir=paths.join(self.model_dir, TENSORBOARD_DIR),
                              purge_step=None if resume_step is None else resume_step + 1)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
@@ -114,23 +136,44 @@ class MetricsWriter:
 def _drop_rows_after(path: str, step: int) -> None:
   """Rewrites metrics.jsonl without the rows of steps after `step` (atomically). A torn last
   line (a kill mid-write) is dropped too."""
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     return
-  from t5lite.util import atomic
   kept, dropped = [], 0
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        row_step = int(json.loads(line)["step"])
-      except (ValueError, KeyError, TypeError):
-        dropped += 1  # torn or not a metrics row
-        continue
-      if row_step > step:
-        dropped += 1
-      else:
-        kept.append(line if line.endswith("\n") else line + "\n")
+  for line in re.findall(r"[^\n]*\n|[^\n]+$", paths.read_text(path)):  # a torn one: no \n
+    try:
+      row_step = int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+      dropped += 1  # torn or not a metrics row
+      continue
+    if row_step > step:
+      dropped += 1
+    else:
+      kept.append(line if line.endswith("\n") else line + "\n")
   if dropped:
     atomic.write_file(path, "".join(kept))  # whole or not at all: the history stays
+
+
+class _BucketAppender:
+  """A file opened for append, on a bucket: the object is written whole at each flush (a
+  bucket has no append), and only when something was written since."""
+
+  def __init__(self, url: str, binary: bool = False):
+    self.url = url
+    self._data = (paths.read_bytes(url) if paths.isfile(url) else b"") if binary else (
+        paths.read_text(url) if paths.isfile(url) else "")
+    self._dirty = False
+
+  def write(self, data) -> None:
+    self._data += data
+    self._dirty = True
+
+  def flush(self) -> None:
+    if self._dirty:
+      atomic.write_file(self.url, self._data)
+      self._dirty = False
+
+  def close(self) -> None:
+    self.flush()
 
 
 def format_duration(seconds: float) -> str:

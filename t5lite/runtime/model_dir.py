@@ -10,11 +10,11 @@
 
 Export, import, eval and infer need nothing else: no gin files, no task registry.
 
-A MODEL_DIR is a folder, read and written through the filesystem (os, open, orbax's local
-paths): with several hosts, one that every host sees (NFS, Filestore, Lustre, or a bucket
-mounted with GCS FUSE at the same path everywhere). URLs such as gs://... are refused
-(check_not_url), and a multi-process run checks that all processes see the same folder
-(check_shared) before it writes anything there.
+A MODEL_DIR is a folder or a bucket URL (gs://BUCKET/run, s3://BUCKET/run; t5lite.util.paths
+reads and writes both): with several hosts, a bucket or a folder every host sees (NFS,
+Filestore, Lustre, a FUSE mount at the same path everywhere). Other URL schemes are refused
+(check_location), and a multi-process run on a folder checks that all processes see the same
+one (check_shared) before it writes anything there; a bucket is one namespace for every host.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import time
 from t5lite.data.vocab.vocabularies import Vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.models.config import ModelConfig
+from t5lite.util import paths
 
 MODEL_CONFIG_FILE = "model_config.json"
 GIN_FILE = "config.gin"
@@ -39,19 +40,18 @@ RUNTIME_FIELDS = frozenset({"dropout_rate", "dtype", "remat_policy"})
 
 
 def load_model_config(model_dir: str | os.PathLike) -> ModelConfig:
-  path = os.path.join(os.fspath(model_dir), MODEL_CONFIG_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(model_dir, MODEL_CONFIG_FILE)
+  if not paths.isfile(path):
     raise ConfigFileNotFoundError(f"{path} not found: {model_dir} is not a t5lite MODEL_DIR")
-  with open(path, encoding="utf-8") as f:
-    return ModelConfig.from_json(f.read())
+  return ModelConfig.from_json(paths.read_text(path))
 
 
 def model_dir_of(checkpoint_path: str | os.PathLike) -> str:
   """The MODEL_DIR a checkpoint path belongs to: the path itself, or the folder above its
   checkpoints/ folder (for MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step>)."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(checkpoint_path)))
-  for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-    if os.path.isfile(os.path.join(candidate, MODEL_CONFIG_FILE)):
+  path = paths.absolute(checkpoint_path)
+  for candidate in (path, paths.dirname(path), paths.dirname(paths.dirname(path))):
+    if paths.isfile(paths.join(candidate, MODEL_CONFIG_FILE)):
       return candidate
   raise ConfigFileNotFoundError(f"{checkpoint_path} is not in a t5lite MODEL_DIR (no "
                                 f"{MODEL_CONFIG_FILE} there or two folders up)")
@@ -72,7 +72,7 @@ def load_params(checkpoint_path: str | os.PathLike, mesh=None, rules=None):
   from t5lite.families import family_of
   from t5lite.runtime import checkpoint_reader, partitioning
   home = model_dir_of(checkpoint_path)
-  if os.path.isfile(os.path.join(home, PEFT_RECORD_FILE)):
+  if paths.isfile(paths.join(home, PEFT_RECORD_FILE)):
     raise ConfigError(f"{home} is a PEFT run (adapters only), not a whole model: name the "
                       "base it adapts (its peft.json's 'base'), or read it with "
                       "t5lite.interop.peft.record.load_run, which joins the two")
@@ -102,7 +102,7 @@ def check_compatible(model_dir: str | os.PathLike, model_config: ModelConfig) ->
   of a MODEL_DIR against a config: training runs it on every process before anything is
   written there."""
   model_dir = os.fspath(model_dir)
-  if not os.path.isfile(os.path.join(model_dir, MODEL_CONFIG_FILE)):
+  if not paths.isfile(paths.join(model_dir, MODEL_CONFIG_FILE)):
     return
   a, b = load_model_config(model_dir).to_dict(), model_config.to_dict()
   differ = sorted(k for k in a if a[k] != b.get(k) and k not in RUNTIME_FIELDS)
@@ -120,7 +120,7 @@ def check_vocabulary(model_dir: str | os.PathLike, vocabulary: Vocabulary | None
   would decode with) the wrong one."""
   from t5lite.data.vocab.vocabularies import CONFIG_FILE, SPIECE_FILE, load_vocabulary
   model_dir = os.fspath(model_dir)
-  if vocabulary is None or not any(os.path.isfile(os.path.join(model_dir, name))
+  if vocabulary is None or not any(paths.isfile(paths.join(model_dir, name))
                                    for name in (CONFIG_FILE, SPIECE_FILE)):
     return
   saved = load_vocabulary(model_dir)
@@ -143,24 +143,24 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
   that holds another model config or vocabulary is refused before anything is overwritten.
   """
   model_dir = os.fspath(model_dir)
-  os.makedirs(model_dir, exist_ok=True)
+  paths.makedirs(model_dir)
   check_compatible(model_dir, model_config)
   check_vocabulary(model_dir, vocabulary)
-  _write_atomic(os.path.join(model_dir, MODEL_CONFIG_FILE), model_config.to_json() + "\n")
+  _write_atomic(paths.join(model_dir, MODEL_CONFIG_FILE), model_config.to_json() + "\n")
   if vocabulary is not None:
     vocabulary.save(model_dir)
   if gin_config_text is not None:
-    _write_atomic(os.path.join(model_dir, GIN_FILE), gin_config_text)
+    _write_atomic(paths.join(model_dir, GIN_FILE), gin_config_text)
 
 
-def check_not_url(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:
-  """Raises ValueError for a URL (gs://..., s3://...): os.path and open would take it for a
-  relative folder, so each host would write to its own disk."""
-  if isinstance(path, (str, os.PathLike)) and _URL.match(os.fspath(path)):
+def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:
+  """Raises ConfigError for a URL other than gs:// and s3:// (say http:// or hdfs://): os.path
+  and open would take it for a relative folder, so each host would write to its own disk."""
+  if isinstance(path, (str, os.PathLike)) and _URL.match(os.fspath(path)) and not (
+      paths.is_url(os.fspath(path))):
     raise ConfigError(
-        f"{what}={os.fspath(path)!r}: {what} must be a folder every host sees: a shared "
-        "filesystem such as NFS/Filestore or a GCS FUSE mount like /gcs/BUCKET/run; gs:// "
-        "URLs are not supported yet")
+        f"{what}={os.fspath(path)!r}: t5lite reads and writes gs://BUCKET/PATH and "
+        "s3://BUCKET/PATH URLs and local folders (or mounts), not this scheme")
 
 
 def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None:
@@ -172,8 +172,8 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
   host's own disk would give checkpoints that no host holds whole."""
   import jax
   import numpy as np
-  if jax.process_count() == 1:
-    return
+  if jax.process_count() == 1 or paths.is_url(model_dir):
+    return  # (a bucket: every host that names it reaches the same objects)
   from jax.experimental import multihost_utils
 
   from t5lite.runtime.processes import all_flags
@@ -199,7 +199,7 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
         f"MODEL_DIR {model_dir} is not shared: process(es) {blind} do not see the file "
         f"process 0 wrote there ({os.path.basename(path)}){unwritable}. MODEL_DIR must be a "
         "folder every host sees, at the same path: a shared filesystem such as NFS/Filestore "
-        "or a GCS FUSE mount like /gcs/BUCKET/run")
+        "or a FUSE mount at the same path everywhere; or a bucket URL such as gs://BUCKET/run")
 
 
 def _sees_token(path: str, token: int, patience: float) -> bool:

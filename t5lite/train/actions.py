@@ -20,7 +20,6 @@ best_metric), TrainConfig.preemption_check_period.
 from __future__ import annotations
 
 import abc
-import os
 import time
 
 import jax
@@ -30,6 +29,7 @@ from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.processes import all_flags
 from t5lite.train import cost_model, data_state, evaluation
 from t5lite.train.optimizers import learning_rate_at, optimizer_count
+from t5lite.util import paths
 
 
 class Action(abc.ABC):
@@ -166,7 +166,7 @@ class SaveCheckpoint(Action):
       best = loop.checkpointer.best()
       if loop.trainer.is_primary and best is not None:
         model_dir_lib.write_json(
-            os.path.join(loop.trainer.config.model_dir, BEST_CHECKPOINT_FILE),
+            paths.join(loop.trainer.config.model_dir, BEST_CHECKPOINT_FILE),
             {"step": best[0], "metric": self.best_metric, "value": best[1]})
 
 

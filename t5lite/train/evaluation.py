@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from typing import Any, Iterator
 
 import jax
@@ -17,6 +16,7 @@ from t5lite.data.registry import tasks_of
 from t5lite.eval.evaluator import TaskEvaluator
 from t5lite.runtime import partitioning as part
 from t5lite.runtime.processes import all_flags
+from t5lite.util import atomic, paths
 
 Tree = Any
 
@@ -109,10 +109,8 @@ def infer_evaluate(trainer, params: Tree, step: int,
     result = evaluator.evaluate(trainer.model_config, params, config.decode)
     out.update({f"eval/{task.name}/{k}": v for k, v in result.metrics.items()})
     if trainer.is_primary:
-      directory = os.path.join(config.model_dir, INFER_EVAL_DIR)
-      os.makedirs(directory, exist_ok=True)
-      with open(os.path.join(directory, f"{task.name}-{step}.jsonl"), "w",
-                encoding="utf-8") as f:
-        for record in result.predictions:
-          f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      directory = paths.join(config.model_dir, INFER_EVAL_DIR)
+      paths.makedirs(directory)
+      atomic.write_file(paths.join(directory, f"{task.name}-{step}.jsonl"), "".join(
+          json.dumps(record, ensure_ascii=False) + "\n" for record in result.predictions))
   return out

@@ -8,7 +8,6 @@ recipe that reads its own start, like PEFT's base, refuses INITIAL_CHECKPOINT_PA
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import jax
@@ -22,6 +21,7 @@ from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.train import warm_start
+from t5lite.util import paths
 
 Tree = Any
 
@@ -29,7 +29,7 @@ Tree = Any
 def check_vocabulary(path: str, vocabulary) -> None:
   """Finetuning a checkpoint on a task of another vocabulary would map its ids to other
   text: refused (a t5lite MODEL_DIR's vocabulary, an HF directory's spiece.model)."""
-  path = os.path.expanduser(path)
+  path = paths.absolute(path)
   try:
     source = model_dir_lib.model_dir_of(path)
   except FileNotFoundError:
@@ -41,9 +41,9 @@ def load(path: str, program, model_config: ModelConfig, vocabulary, seed: int,
          log: Callable[[str], None] = print) -> tuple[Tree, int]:
   """(params, step) from a t5lite checkpoint or an HF directory, placed in the shardings of
   `program` (a t5lite.train.step_program.StepProgram); see the module docstring."""
-  path = os.path.expanduser(path)
-  hf = os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
-      os.path.join(path, ckpt_lib.CHECKPOINTS_DIR))
+  path = paths.absolute(path)
+  hf = paths.isfile(paths.join(path, "config.json")) and not paths.isdir(
+      paths.join(path, ckpt_lib.CHECKPOINTS_DIR))
   wanted = warm_start.shapes_of(program.abstract_params)
   if hf:
     hf_tree, old_vocab = hf_params(path, model_config, vocabulary)

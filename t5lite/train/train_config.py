@@ -101,6 +101,6 @@ class TrainConfig:
     check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS", self.batch_size)
     if not self.model_dir:
       raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
-    model_dir_lib.check_not_url(self.model_dir)
-    model_dir_lib.check_not_url(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
+    model_dir_lib.check_location(self.model_dir)
+    model_dir_lib.check_location(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
     recipes.check_config(self)  # one recipe at most, and one it can train

@@ -6,7 +6,8 @@ made every later run fail until someone deleted the data dir by hand. So a file 
 is written under a sibling temporary name (`.NAME.tmp-HOST-PID-RANDOM`) and renamed onto
 NAME, which is atomic on one filesystem: readers see all of it or nothing. Two processes
 building at once each write their own temporary copy; the first rename wins and the loser
-discards its copy. Temporaries of dead builds are removed by `remove_stale`.
+discards its copy. Temporaries of dead builds are removed by `remove_stale`. On a bucket
+(gs://, s3://) one file is one object upload, atomic by itself (write_file).
 """
 from __future__ import annotations
 
@@ -50,7 +51,14 @@ def writing(target: str) -> Iterator[str]:
 
 
 def write_file(target: str, data: bytes | str) -> None:
-  """Writes target whole or not at all (flushed to disk before the rename)."""
+  """Writes target whole or not at all (flushed to disk before the rename). A bucket URL
+  (gs://, s3://) is one object upload, which a bucket makes atomic itself: readers see the
+  old object or the new one, never a part."""
+  from t5lite.util import storage
+  if storage.is_url(target):
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    storage.path(target).write_bytes(payload)
+    return
   with writing(target) as tmp, open(tmp, "wb") as f:
     f.write(data.encode("utf-8") if isinstance(data, str) else data)
     f.flush()

@@ -223,6 +223,22 @@ def delete_if(url: str, version: Version) -> bool:
   return True
 
 
+def copy(source: str, destination: str) -> None:
+  """A server-side copy of one object (the bytes never leave the storage service), e.g. to set
+  a damaged checkpoint aside where a local disk would rename its folder."""
+  scheme, bucket, key = split(source)
+  scheme_to, bucket_to, key_to = split(destination)
+  if scheme != scheme_to:
+    raise ValueError(f"cannot copy {source} to another kind of storage ({destination})")
+  if scheme == "gs":
+    client = _gcs_client()
+    client.bucket(bucket).copy_blob(client.bucket(bucket).blob(key), client.bucket(bucket_to),
+                                    key_to)
+    return
+  _s3_client().copy_object(Bucket=bucket_to, Key=key_to,
+                           CopySource={"Bucket": bucket, "Key": key})
+
+
 def check_writable(url: str, what: str) -> None:
   """Refuses (ConfigError, one line naming `what` and the URL) a bucket that does not exist
   or that these credentials cannot write, before anything is trained: writes and deletes a

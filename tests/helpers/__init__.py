@@ -107,9 +107,10 @@ def quiet(_) -> None:
 
 
 def metrics_records(model_dir) -> list[dict]:
-  """MODEL_DIR/metrics.jsonl, one dict per line, in order."""
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
+  """MODEL_DIR/metrics.jsonl (a folder or a bucket URL), one dict per line, in order."""
+  from t5lite.util import paths
+  text = paths.read_text(paths.join(model_dir, "metrics.jsonl"))
+  return [json.loads(line) for line in text.splitlines()]
 
 
 def logged_losses(model_dir) -> dict[int, float]:

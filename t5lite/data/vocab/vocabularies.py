@@ -28,7 +28,7 @@ import sentencepiece as spm
 from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2
 
-from t5lite.util import atomic, storage
+from t5lite.util import atomic, paths, storage
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 CONFIG_FILE = "vocabulary.json"
@@ -126,8 +126,8 @@ class Vocabulary(abc.ABC):
 
   def save(self, directory: str | os.PathLike) -> None:
     """Writes vocabulary.json (kind, extra_ids, vocab_size) and the kind's own files."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    paths.makedirs(directory)
+    directory = storage.path(directory)  # a pathlib.Path, or epath's for a bucket URL
     config = dict(kind=self._kind, extra_ids=self.extra_ids, vocab_size=self.vocab_size)
     self._save_files(directory, config)
     # Whole files or none (a killed save must not leave a cut-short spiece.model); the

@@ -25,6 +25,7 @@ from t5lite.models import adapters
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
 from t5lite.interop import frozen_model
+from t5lite.util import paths
 
 Tree = Any
 RECORD_FILE = model_dir.PEFT_RECORD_FILE
@@ -33,7 +34,7 @@ RECORD_FILE = model_dir.PEFT_RECORD_FILE
 def make(base: str, base_config: ModelConfig, base_params: Tree, adapter: adapters.AdapterConfig,
          saved_modules: tuple[tuple[str, ...], ...] = ()) -> dict:
   """The record of a run adapting the base at `base` (its params as read, before any cast)."""
-  return {"base": os.path.abspath(os.path.expanduser(os.fspath(base))),
+  return {"base": paths.absolute(base),
           "base_fingerprint": frozen_model.fingerprint(base_params),
           "base_config": base_config.to_dict(), "adapter": adapter.to_dict(),
           "saved_modules": ["/".join(p) for p in saved_modules]}
@@ -41,15 +42,14 @@ def make(base: str, base_config: ModelConfig, base_params: Tree, adapter: adapte
 
 def read(directory: str | os.PathLike) -> dict | None:
   """The record of a PEFT run's MODEL_DIR; None for any other MODEL_DIR."""
-  path = os.path.join(os.fspath(directory), RECORD_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(directory, RECORD_FILE)
+  if not paths.isfile(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return json.loads(paths.read_text(path))
 
 
 def write(directory: str | os.PathLike, record: dict) -> None:
-  model_dir.write_json(os.path.join(os.fspath(directory), RECORD_FILE), record)
+  model_dir.write_json(paths.join(directory, RECORD_FILE), record)
 
 
 def saved_prefixes(record: dict) -> tuple[tuple[str, ...], ...]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from typing import Any
 
 from t5lite.errors import ConfigError
@@ -19,6 +18,7 @@ from t5lite.families.distillation import DistillationConfig
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
 from t5lite.interop import frozen_model
+from t5lite.util import paths
 
 Tree = Any
 RECORD_FILE = "distillation.json"
@@ -38,18 +38,17 @@ def read(options: DistillationConfig) -> tuple[Teacher, ModelConfig, Tree | None
 
 def record(options: DistillationConfig, config: ModelConfig, params: Tree) -> dict:
   """What MODEL_DIR/distillation.json holds about the teacher."""
-  return {"teacher": os.path.abspath(os.path.expanduser(options.teacher)),
+  return {"teacher": paths.absolute(options.teacher),
           "teacher_config": config.to_dict(), "teacher_fingerprint": fingerprint(params)}
 
 
 def check_record(directory: str, teacher: dict) -> None:
   """Refuses a run whose teacher differs from the one MODEL_DIR/distillation.json names
   (a resumed run must learn from the teacher it started with)."""
-  path = os.path.join(directory, RECORD_FILE)
-  if not os.path.isfile(path):
+  path = paths.join(directory, RECORD_FILE)
+  if not paths.isfile(path):
     return
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
+  saved = json.loads(paths.read_text(path))
   if isinstance(saved.get("teacher_config"), dict):
     # As a ModelConfig reads it today: a record written before a field moved into a
     # sub-config (ELECTRA's, SpanBERT's) names the same teacher in the old keys.
@@ -62,4 +61,4 @@ def check_record(directory: str, teacher: dict) -> None:
 
 
 def write_record(directory: str, teacher: dict) -> None:
-  model_dir.write_json(os.path.join(directory, RECORD_FILE), teacher)
+  model_dir.write_json(paths.join(directory, RECORD_FILE), teacher)

@@ -1,0 +1,154 @@
+"""Training runs whose MODEL_DIR is a bucket (gs://, s3://), against the local storage servers
+of helpers/storage_servers.py: the same run as on a local disk, bitwise, through SIGKILLs,
+damage, a second trainer and a storage server that goes away mid-save.
+"""
+import collections
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from helpers import assert_trees_equal, checkpoint_params, metrics_records
+from helpers.cli import run_t5lite
+from helpers.runs import (
+    NEWEST, PREVIOUS, STEPS, assert_same_run_as, logged_steps, train_argv)
+from t5lite import cli
+from t5lite.runtime import integrity
+from t5lite.runtime import lease as lease_lib
+from t5lite.util import paths
+
+pytestmark = [pytest.mark.e2e]
+
+
+def _steps_on(url: str) -> list[int]:
+  listed = paths.files_under(paths.join(url, "checkpoints"))
+  return sorted({int(rel.split("/")[0]) for rel in listed if rel.split("/")[0].isdigit()})
+
+
+def test_a_run_on_a_gcs_bucket_equals_the_same_run_on_a_local_disk(
+    gcs_server, reliability_gin_file, reliability_reference):
+  with gcs_server.activated():
+    model_dir = gcs_server.url(gcs_server.new_bucket(), "runs/one")
+    assert cli.main(train_argv(reliability_gin_file, model_dir)) == 0
+    assert _steps_on(model_dir) == [PREVIOUS, NEWEST]
+    for step in (PREVIOUS, NEWEST):
+      assert integrity.verify(paths.join(model_dir, "checkpoints", str(step)), step)
+    assert paths.isfile(paths.join(model_dir, "model_config.json"))
+    assert paths.isfile(paths.join(model_dir, "config.gin"))
+    assert [r["step"] for r in metrics_records(model_dir) if "loss" in r] == list(
+        range(1, STEPS + 1))
+    assert_same_run_as(model_dir, reliability_reference)
+    _, params, step = checkpoint_params(model_dir)
+  _, expected, _ = checkpoint_params(reliability_reference)
+  assert step == STEPS
+  assert_trees_equal(params, expected)
+
+
+# --- SIGKILLs of a run on a bucket ----------------------------------------------------------
+
+COMMIT = integrity.COMMIT_MARKER
+# What each kill waits for (as test_reliability's, seen through the bucket's listing): a random
+# delay from the spawn, a save in flight (a step folder without orbax's commit marker), a step
+# just committed (its seal and retention cleanup follow), a random point in the steps.
+BUCKET_PLAN = ["startup"] * 4 + ["save"] * 3 + ["commit"] * 2 + ["step"]
+
+
+def _step_folders(ckpts: str) -> tuple[set[int], set[int]]:
+  """(committed steps, steps being saved) under a bucket's checkpoints/ prefix."""
+  try:
+    listed = paths.files_under(ckpts)
+  except FileNotFoundError:
+    return set(), set()
+  steps = {int(rel.split("/")[0]) for rel in listed if rel.split("/")[0].isdigit()}
+  done = {s for s in steps if f"{s}/{COMMIT}" in listed}
+  return done, steps - done
+
+
+def _kill_at(process, log_path, ckpts, mode, rng, limit):
+  """SIGKILLs the run at `mode`'s moment (or once it logs step `limit`); returns what the
+  bucket held then: (committed, in flight, trained)."""
+  deadline = time.monotonic() + 180
+  fire_at = time.monotonic() + rng.uniform(0.2, 6.0) if mode == "startup" else None
+  at_start = _step_folders(ckpts)[0]
+  while True:
+    if process.poll() is not None:
+      pytest.fail(f"the run ended (exit {process.returncode}) before its {mode!r} kill:\n"
+                  f"{log_path.read_text()[-4000:]}")
+    assert time.monotonic() < deadline, f"no {mode!r} moment within 180 s"
+    done, saving = _step_folders(ckpts)
+    steps = logged_steps(log_path.read_text())
+    if steps and max(steps) >= limit:
+      break
+    if mode == "startup" and time.monotonic() >= fire_at:
+      break
+    if steps and mode == "save" and saving:
+      break
+    if steps and mode == "commit" and done - at_start:
+      break
+    if steps and mode == "step":
+      fire_at = fire_at or time.monotonic() + rng.uniform(0, 1.5)
+      if time.monotonic() >= fire_at:
+        break
+    time.sleep(0.01)
+  done, saving = _step_folders(ckpts)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait() == -signal.SIGKILL
+  return done, saving, bool(steps)
+
+
+def test_ten_sigkills_of_a_run_on_a_gcs_bucket_then_it_equals_the_local_run(
+    gcs_server, reliability_gin_file, reliability_reference, tmp_path):
+  """10 SIGKILLs of `t5lite train` with MODEL_DIR on the bucket (startup, saves in flight,
+  fresh commits, steps), each followed by a restart that resumes from the newest committed
+  step; the last run finishes. Losses and params equal the local uninterrupted run's,
+  bitwise, each step logged once; nothing damaged was found, no lease is left."""
+  rng = random.Random(20261127)
+  plan = list(BUCKET_PLAN)
+  rng.shuffle(plan)
+  plan.insert(1, plan.pop(plan.index("commit")))  # a step committed early on
+  model_dir = gcs_server.url(gcs_server.new_bucket(), "runs/killed")
+  ckpts = paths.join(model_dir, "checkpoints")
+  env = gcs_server.env
+  landed = collections.Counter()
+  logs = []
+  with gcs_server.activated():
+    for attempt, mode in enumerate(plan):
+      latest = max(_step_folders(ckpts)[0] or {0})
+      log_path = tmp_path / f"attempt{attempt:02d}.log"
+      logs.append(log_path)
+      process = run_t5lite(*train_argv(reliability_gin_file, model_dir), wait=False,
+                           tests_on_path=True, env=env, log=log_path)
+      done, saving, trained = _kill_at(process, log_path, ckpts, mode, rng,
+                                       min(latest + 7, STEPS - 1))
+      landed[mode] += 1
+      landed["a save in flight"] += bool(saving and trained)
+      newest = max(done or {0})
+      if newest and not integrity.is_sealed(paths.join(ckpts, str(newest))):
+        landed["newest step committed, not sealed"] += 1
+      out = log_path.read_text()
+      resumed = re.findall(r"t5lite: resuming from step (\d+)", out)
+      if resumed:
+        assert int(resumed[0]) == latest, out
+      if logged_steps(out):
+        assert logged_steps(out)[0] == latest + 1, out
+    final_log = tmp_path / "final.log"
+    logs.append(final_log)
+    done = run_t5lite(*train_argv(reliability_gin_file, model_dir), tests_on_path=True, env=env,
+                      log=final_log, timeout=300)
+    assert done.returncode == 0, final_log.read_text()
+    print("where the kills landed:", dict(landed))
+    assert sum(landed[m] for m in set(BUCKET_PLAN)) == len(BUCKET_PLAN) >= 10
+    assert landed["a save in flight"] >= 1, dict(landed)
+    for log_path in logs:
+      text = log_path.read_text()
+      assert "Traceback" not in text and "t5lite: warning" not in text, text
+    assert not paths.exists(paths.join(model_dir, integrity.LOG_FILE))  # no damage found
+    assert _step_folders(ckpts) == ({PREVIOUS, NEWEST}, set())
+    assert not paths.exists(paths.join(model_dir, lease_lib.LEASE_FILE))
+    assert_same_run_as(model_dir, reliability_reference)
+    _, params, step = checkpoint_params(model_dir)
+  _, expected, _ = checkpoint_params(reliability_reference)
+  assert step == STEPS
+  assert_trees_equal(params, expected)
