@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from helpers import assert_trees_equal, checkpoint_params, metrics_records
+from helpers import assert_trees_equal, checkpoint_params
 from helpers.cli import run_t5lite
 from helpers.runs import (
-    NEWEST, PREVIOUS, STEPS, assert_same_run_as, logged_steps, train_argv)
+    NEWEST, PREVIOUS, STEPS, assert_same_run_as, logged_steps, one_error_line, train_argv)
 from t5lite import cli
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
@@ -27,23 +27,70 @@ def _steps_on(url: str) -> list[int]:
   return sorted({int(rel.split("/")[0]) for rel in listed if rel.split("/")[0].isdigit()})
 
 
-def test_a_run_on_a_gcs_bucket_equals_the_same_run_on_a_local_disk(
-    gcs_server, reliability_gin_file, reliability_reference):
+def _flip_a_byte_of_the_largest_array_file(step_dir: str) -> str:
+  files = [rel for rel in paths.files_under(step_dir) if "/d/" in f"/{rel}"]
+  rel = max(files, key=lambda rel: (paths.size(paths.join(step_dir, rel)), rel))
+  data = bytearray(paths.read_bytes(paths.join(step_dir, rel)))
+  data[len(data) // 2] ^= 0x01
+  paths.open_binary(paths.join(step_dir, rel), "wb").write(bytes(data))  # closed: uploaded
+  return rel
+
+
+def test_a_run_on_a_gcs_bucket_equals_the_local_run_and_a_damaged_step_is_set_aside_and_retrained(
+    gcs_server, reliability_gin_file, reliability_reference, capsys):
+  """The whole run on the bucket: checkpoints sealed there, metrics and TensorBoard events,
+  losses and params bitwise the local run's. Then a byte flipped in the newest step's largest
+  array object: the rerun names it, copies the step aside to checkpoints/20.corrupt-1 (a
+  bucket has no rename), falls back to step 18 and trains steps 19-20 to the same params."""
+  _, expected, _ = checkpoint_params(reliability_reference)
   with gcs_server.activated():
     model_dir = gcs_server.url(gcs_server.new_bucket(), "runs/one")
     assert cli.main(train_argv(reliability_gin_file, model_dir)) == 0
     assert _steps_on(model_dir) == [PREVIOUS, NEWEST]
     for step in (PREVIOUS, NEWEST):
       assert integrity.verify(paths.join(model_dir, "checkpoints", str(step)), step)
-    assert paths.isfile(paths.join(model_dir, "model_config.json"))
-    assert paths.isfile(paths.join(model_dir, "config.gin"))
-    assert [r["step"] for r in metrics_records(model_dir) if "loss" in r] == list(
-        range(1, STEPS + 1))
+    for name in ("model_config.json", "config.gin", "vocabulary.json"):
+      assert paths.isfile(paths.join(model_dir, name)), name
+    assert any(rel.startswith("events.out.tfevents")
+               for rel in paths.files_under(paths.join(model_dir, "tensorboard")))
     assert_same_run_as(model_dir, reliability_reference)
     _, params, step = checkpoint_params(model_dir)
-  _, expected, _ = checkpoint_params(reliability_reference)
+    assert step == STEPS
+    assert_trees_equal(params, expected)
+    capsys.readouterr()
+
+    newest = paths.join(model_dir, "checkpoints", str(NEWEST))
+    damaged = _flip_a_byte_of_the_largest_array_file(newest)
+    assert cli.main(train_argv(reliability_gin_file, model_dir)) == 0
+    err = capsys.readouterr().err
+    assert (f"t5lite: warning: checkpoint step {NEWEST}: {damaged} (array data) fails its "
+            f"CRC32C check") in err, err
+    assert (f"moved to checkpoints/{NEWEST}.corrupt-1, falling back to step {PREVIOUS}") in err
+    aside = paths.join(model_dir, "checkpoints", f"{NEWEST}.corrupt-1")
+    assert damaged in paths.files_under(aside)  # kept for a post-mortem
+    assert paths.isfile(paths.join(model_dir, integrity.LOG_FILE))
+    assert _steps_on(model_dir) == [PREVIOUS, NEWEST]
+    assert integrity.verify(newest, NEWEST)
+    assert_same_run_as(model_dir, reliability_reference)
+    _, params, step = checkpoint_params(model_dir)
   assert step == STEPS
   assert_trees_equal(params, expected)
+
+
+def test_s3_checkpoints_and_a_missing_bucket_are_refused_in_one_line(gcs_server, capsys):
+  assert cli.main(["train", "--gin_file=gin/runs/demo.gin", "--gin.MODEL_DIR=s3://b/run"]) == 2
+  err = capsys.readouterr().err
+  assert ("MODEL_DIR='s3://b/run': checkpoints cannot live on s3:// yet (orbax, which writes "
+          "them, knows local paths and gs:// only)") in err, err
+  assert "Traceback" not in err
+  with gcs_server.activated():
+    missing = "gs://no-such-bucket-t5lite/run"
+    assert cli.main(["train", "--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={missing}",
+                     "--gin.TRAIN_STEPS=1"]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  line = one_error_line(err, "t5lite train")
+  assert missing in line and "check that the bucket exists" in line, err
 
 
 # --- SIGKILLs of a run on a bucket ----------------------------------------------------------
@@ -98,11 +145,22 @@ def _kill_at(process, log_path, ckpts, mode, rng, limit):
   return done, saving, bool(steps)
 
 
+def _first_to_exit(a, b, timeout: float = 180):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    for one, other in ((a, b), (b, a)):
+      if one.poll() is not None:
+        return one, other
+    time.sleep(0.05)
+  pytest.fail("neither of two trainers started together exited")
+
+
 def test_ten_sigkills_of_a_run_on_a_gcs_bucket_then_it_equals_the_local_run(
     gcs_server, reliability_gin_file, reliability_reference, tmp_path):
-  """10 SIGKILLs of `t5lite train` with MODEL_DIR on the bucket (startup, saves in flight,
-  fresh commits, steps), each followed by a restart that resumes from the newest committed
-  step; the last run finishes. Losses and params equal the local uninterrupted run's,
+  """Two trainers started together on the bucket: one exits 2 naming the lease, the other
+  runs. Then 10 SIGKILLs of `t5lite train` with MODEL_DIR on the bucket (startup, saves in
+  flight, fresh commits, steps), each followed by a restart that resumes from the newest
+  committed step; the last run finishes. Losses and params equal the local uninterrupted run's,
   bitwise, each step logged once; nothing damaged was found, no lease is left."""
   rng = random.Random(20261127)
   plan = list(BUCKET_PLAN)
@@ -120,6 +178,17 @@ def test_ten_sigkills_of_a_run_on_a_gcs_bucket_then_it_equals_the_local_run(
       logs.append(log_path)
       process = run_t5lite(*train_argv(reliability_gin_file, model_dir), wait=False,
                            tests_on_path=True, env=env, log=log_path)
+      if attempt == 0:  # a second trainer started at the same moment: one of them runs
+        rival_log = tmp_path / "rival.log"
+        rival = run_t5lite(*train_argv(reliability_gin_file, model_dir), wait=False,
+                           tests_on_path=True, env=env, log=rival_log)
+        loser, winner = _first_to_exit(process, rival)
+        assert loser.wait() == 2, (log_path.read_text(), rival_log.read_text())
+        out = (log_path if loser is process else rival_log).read_text()
+        line = one_error_line(out, "t5lite train")
+        assert f"MODEL_DIR {model_dir} is in use by another trainer" in line, out
+        process, log_path = winner, (rival_log if winner is rival else log_path)
+        logs[-1] = log_path
       done, saving, trained = _kill_at(process, log_path, ckpts, mode, rng,
                                        min(latest + 7, STEPS - 1))
       landed[mode] += 1

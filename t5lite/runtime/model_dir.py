@@ -153,14 +153,24 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
     _write_atomic(paths.join(model_dir, GIN_FILE), gin_config_text)
 
 
-def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:
+def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR", *,
+                   checkpoints: bool = True) -> None:
   """Raises ConfigError for a URL other than gs:// and s3:// (say http:// or hdfs://): os.path
-  and open would take it for a relative folder, so each host would write to its own disk."""
-  if isinstance(path, (str, os.PathLike)) and _URL.match(os.fspath(path)) and not (
-      paths.is_url(os.fspath(path))):
+  and open would take it for a relative folder, so each host would write to its own disk.
+  `checkpoints`: the path holds (or will hold) checkpoints, which orbax writes and reads on
+  local paths and gs:// only (its TensorStore specs have no S3 form): s3:// is refused."""
+  if not isinstance(path, (str, os.PathLike)):
+    return
+  path = os.fspath(path)
+  if _URL.match(path) and not paths.is_url(path):
     raise ConfigError(
-        f"{what}={os.fspath(path)!r}: t5lite reads and writes gs://BUCKET/PATH and "
+        f"{what}={path!r}: t5lite reads and writes gs://BUCKET/PATH and "
         "s3://BUCKET/PATH URLs and local folders (or mounts), not this scheme")
+  if checkpoints and path.startswith("s3://"):
+    raise ConfigError(
+        f"{what}={path!r}: checkpoints cannot live on s3:// yet (orbax, which writes them, "
+        "knows local paths and gs:// only): use gs://, or mount the bucket (mountpoint-s3, "
+        "s3fs-fuse) and name the mount; s3:// works for data, vocabularies and exports")
 
 
 def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None:
