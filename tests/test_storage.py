@@ -210,3 +210,23 @@ def test_a_vocabulary_in_a_bucket_loads_as_the_same_one_from_disk(bucket, kind, 
   assert loaded.decode(loaded.encode(text)) == vocabulary.decode(vocabulary.encode(text))
   with pytest.raises(ConfigFileNotFoundError, match=f"{url}/nothing-here"):
     vocabularies.load_vocabulary(f"{url}/nothing-here")
+
+
+def test_jsonl_shards_in_a_bucket_read_as_the_same_rows_as_on_disk(bucket, tmp_path):
+  import gzip
+
+  from t5lite.data.sources.readers import JsonlSource
+  _, url = bucket
+  rows = [{"text": f"doc {i} \u00e9\u4e2d", "n": i} for i in range(11)]
+  for shard in range(3):
+    lines = "".join(json.dumps(r) + "\n" for r in rows[shard * 4:][:4]).encode()
+    name = f"c4-train.{shard:05d}-of-00003.json" + (".gz" if shard != 1 else "")
+    (tmp_path / name).write_bytes(gzip.compress(lines) if name.endswith(".gz") else lines)
+  (tmp_path / "c4-validation.00000-of-00001.json").write_text('{"text": "not this"}\n')
+  _upload(tmp_path, f"{url}/c4")
+  local = JsonlSource(str(tmp_path / "c4-train.*"))
+  remote = JsonlSource(f"{url}/c4/c4-train.*")
+  assert len(remote) == len(local) == 11
+  assert [remote[i] for i in range(11)] == [local[i] for i in range(11)] == rows
+  with pytest.raises(ConfigFileNotFoundError, match=f"no object matches '{url}/c4/nothing-\\*'"):
+    len(JsonlSource(f"{url}/c4/nothing-*"))

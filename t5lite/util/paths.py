@@ -128,6 +128,18 @@ def files_under(folder) -> list[str]:
   return sorted(name[len(prefix):] for name in found if name.startswith(prefix))
 
 
+def glob_files(pattern: str) -> list[str]:
+  """The objects matching a bucket URL's glob (`*`, `?`, `[...]`; a plain URL matches itself
+  when it exists), as URLs, sorted."""
+  scheme = storage.split(pattern)[0]
+  fs = _fresh_filesystem(pattern)
+  if not set("*?[") & set(pattern):
+    return [pattern] if fs.isfile(pattern) else []
+  found = fs.glob(pattern, detail=True)  # {'BUCKET/KEY': info}: one listing, no stat each
+  return sorted(f"{scheme}://{name}" for name, info in found.items()
+                if info.get("type") == "file")
+
+
 def append_text(path, text: str) -> None:
   """Appends `text` to a file (created if missing). On a bucket the object is read and
   written back whole: fine for the small logs a run appends to, from one writer."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from t5lite.util import paths
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 Patterns = str | os.PathLike | Sequence[str | os.PathLike]
@@ -46,6 +47,12 @@ def expand_patterns(patterns: Patterns) -> list[str]:
     patterns = [patterns]
   files: list[str] = []
   for pattern in map(os.fspath, patterns):
+    if paths.is_url(pattern):
+      matches = paths.glob_files(pattern)
+      if not matches:
+        raise ConfigFileNotFoundError(f"no object matches {pattern!r}")
+      files.extend(m for m in matches if m not in files)
+      continue
     pattern = os.path.expanduser(pattern)
     if _GLOB_CHARS & set(pattern):
       matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
@@ -62,8 +69,12 @@ def read_buffer(path: str) -> bytes | mmap.mmap:
 
   Compressed files cannot be read at an offset, so they are held decompressed (as one
   bytes object, not as Python strings); for corpora bigger than memory use plain files
-  or convert them to array_record.
+  or convert them to array_record. An object in a bucket (gs://, s3://) is downloaded whole
+  into memory (decompressed if `.gz`).
   """
+  if paths.is_url(path):
+    data = paths.read_bytes(path)
+    return gzip.decompress(data) if path.endswith(".gz") else data
   if path.endswith(".gz"):
     with gzip.open(path, "rb") as f:
       return f.read()
