@@ -3,18 +3,21 @@ of helpers/storage_servers.py: the same run as on a local disk, bitwise, through
 damage, a second trainer and a storage server that goes away mid-save.
 """
 import collections
+import json
 import random
 import re
 import signal
 import time
 
+import orbax.checkpoint as ocp
 import pytest
 
-from helpers import assert_trees_equal, checkpoint_params
+from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from helpers.cli import run_t5lite
 from helpers.runs import (
     NEWEST, PREVIOUS, STEPS, assert_same_run_as, logged_steps, one_error_line, train_argv)
 from t5lite import cli
+from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.util import paths
@@ -37,11 +40,12 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: str) -> str:
 
 
 def test_a_run_on_a_gcs_bucket_equals_the_local_run_and_a_damaged_step_is_set_aside_and_retrained(
-    gcs_server, reliability_gin_file, reliability_reference, capsys):
+    gcs_server, reliability_gin_file, reliability_reference, capsys, tmp_path):
   """The whole run on the bucket: checkpoints sealed there, metrics and TensorBoard events,
   losses and params bitwise the local run's. Then a byte flipped in the newest step's largest
   array object: the rerun names it, copies the step aside to checkpoints/20.corrupt-1 (a
-  bucket has no rename), falls back to step 18 and trains steps 19-20 to the same params."""
+  bucket has no rename), falls back to step 18 and trains steps 19-20 to the same params.
+  Last, LoRA with that bucket run as its BASE trains as with the local run as BASE."""
   _, expected, _ = checkpoint_params(reliability_reference)
   with gcs_server.activated():
     model_dir = gcs_server.url(gcs_server.new_bucket(), "runs/one")
@@ -73,8 +77,44 @@ def test_a_run_on_a_gcs_bucket_equals_the_local_run_and_a_damaged_step_is_set_as
     assert integrity.verify(newest, NEWEST)
     assert_same_run_as(model_dir, reliability_reference)
     _, params, step = checkpoint_params(model_dir)
-  assert step == STEPS
-  assert_trees_equal(params, expected)
+    assert step == STEPS
+    assert_trees_equal(params, expected)
+
+    # LoRA on the bucket's run as its frozen BASE trains as on the local copy of that run.
+    lora_gin = tmp_path / "lora.gin"
+    lora_gin.write_text(LORA_GIN.format(run=reliability_gin_file))
+    runs = {}
+    for where, base in (("bucket", model_dir), ("local", str(reliability_reference))):
+      runs[where] = tmp_path / f"lora-{where}"
+      assert cli.main(train_argv(lora_gin, runs[where], f"--gin.BASE='{base}'")) == 0
+  assert logged_losses(runs["bucket"]) == logged_losses(runs["local"])
+  records = [json.loads((runs[w] / "peft.json").read_text()) for w in ("bucket", "local")]
+  assert records[0]["base"] == model_dir
+  assert records[0]["base_fingerprint"] == records[1]["base_fingerprint"]
+  assert_trees_equal(*(checkpoint_states(runs[w]) for w in ("bucket", "local")))
+
+
+LORA_GIN = """
+include '{run}'
+TRAIN_STEPS = 3
+CheckpointConfig.period = 3
+BASE = ''
+TrainConfig.peft = @PeftConfig()
+PeftConfig.base = %BASE
+PeftConfig.adapter = @AdapterConfig()
+AdapterConfig.method = 'lora'
+AdapterConfig.r = 4
+AdapterConfig.target_modules = ('query', 'value')
+"""
+
+
+def checkpoint_states(model_dir):
+  """The newest checkpoint's saved arrays (a PEFT run's: its adapters), as numpy."""
+  checkpointer = ckpt_lib.Checkpointer(model_dir, read_only=True)
+  step = checkpointer.latest_step()
+  restored = ocp.PyTreeCheckpointer().restore(paths.join(checkpointer.step_dir(step), "state"))
+  checkpointer.close()
+  return restored
 
 
 def test_s3_checkpoints_and_a_missing_bucket_are_refused_in_one_line(gcs_server, capsys):

@@ -23,6 +23,7 @@ from t5lite.interop import limits
 from t5lite.models.config import ModelConfig
 from t5lite.models.decoding.search import to_host
 from t5lite.runtime import model_dir, partitioning
+from t5lite.util import paths
 
 Tree = Any
 DTYPES = ("", "float32", "bfloat16")
@@ -39,7 +40,14 @@ class Located:
 
 def locate(path: str | os.PathLike, role: str = "model") -> Located:
   """The model at `path`: an HF directory, or a t5lite MODEL_DIR (or a checkpoint of one)."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  path = paths.absolute(path)
+  if paths.is_url(path):  # a t5lite run on a bucket (orbax reads its arrays there)
+    try:
+      return Located(path, model_dir.model_dir_of(path), False)
+    except FileNotFoundError:
+      raise ConfigFileNotFoundError(
+          f"{role} {path} is not a t5lite MODEL_DIR (no model_config.json there or two folders "
+          "up); an HF model directory is read from a local folder: copy it down first") from None
   hf_config = limits.file_inside(path, "config.json")
   if hf_config is not None and os.path.isfile(hf_config):
     return Located(path, path, True)
