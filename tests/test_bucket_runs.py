@@ -3,6 +3,7 @@ of helpers/storage_servers.py: the same run as on a local disk, bitwise, through
 damage, a second trainer and a storage server that goes away mid-save.
 """
 import collections
+import importlib
 import json
 import random
 import re
@@ -20,7 +21,7 @@ from t5lite import cli
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
-from t5lite.util import paths
+from t5lite.util import atomic, paths
 
 pytestmark = [pytest.mark.e2e]
 
@@ -35,7 +36,7 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: str) -> str:
   rel = max(files, key=lambda rel: (paths.size(paths.join(step_dir, rel)), rel))
   data = bytearray(paths.read_bytes(paths.join(step_dir, rel)))
   data[len(data) // 2] ^= 0x01
-  paths.open_binary(paths.join(step_dir, rel), "wb").write(bytes(data))  # closed: uploaded
+  atomic.write_file(paths.join(step_dir, rel), bytes(data))
   return rel
 
 
@@ -261,3 +262,54 @@ def test_ten_sigkills_of_a_run_on_a_gcs_bucket_then_it_equals_the_local_run(
   _, expected, _ = checkpoint_params(reliability_reference)
   assert step == STEPS
   assert_trees_equal(params, expected)
+
+
+def _upload_tree(folder, url: str) -> None:
+  for local in sorted(p for p in folder.rglob("*") if p.is_file()):
+    atomic.write_file(paths.join(url, local.relative_to(folder).as_posix()), local.read_bytes())
+
+
+def test_eval_and_infer_read_a_checkpoint_in_a_bucket_and_write_their_outputs_there(
+    gcs_server, reliability_reference, tmp_path):
+  """The local reference run copied to the bucket: eval and infer read it there (verified
+  against its checksums) and write their outputs there, the same bytes as from disk."""
+  importlib.import_module("train_tasks")  # registers train_test_copy
+  from t5lite.data.registry import TaskRegistry
+  from t5lite.eval import metrics as metrics_lib
+  from t5lite.eval import run
+  from t5lite.eval.evaluator import DecodeConfig
+  task = TaskRegistry.get("train_test_copy")
+  saved = task.metric_fns
+  object.__setattr__(task, "metric_fns", (metrics_lib.sequence_accuracy,))
+  try:
+    _eval_and_infer_on_a_bucket_and_on_disk(gcs_server, reliability_reference, tmp_path, run,
+                                            DecodeConfig)
+  finally:
+    object.__setattr__(task, "metric_fns", saved)
+
+
+def _eval_and_infer_on_a_bucket_and_on_disk(gcs_server, reliability_reference, tmp_path, run,
+                                            DecodeConfig):
+  decode = DecodeConfig(max_decode_length=8, batch_size=2)
+  lengths = {"inputs": 64, "targets": 16}
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("alpha beta\n\ngamma \u00e9\n{\"inputs\": \"delta\"}\n", encoding="utf-8")
+  with gcs_server.activated():
+    url = gcs_server.url(gcs_server.new_bucket(), "copied")
+    _upload_tree(reliability_reference, f"{url}/run")
+    atomic.write_file(f"{url}/inputs.txt", inputs.read_bytes())
+    outputs = {}
+    for where, model_dir, source, target in (
+        ("bucket", f"{url}/run", f"{url}/inputs.txt", f"{url}/out/predictions.jsonl"),
+        ("local", str(reliability_reference), str(inputs), str(tmp_path / "predictions.jsonl"))):
+      assert run.infer(run.InferConfig(checkpoint_path=model_dir, input_path=source,
+                                       output_path=target, inputs_length=64, decode=decode)) == 3
+      eval_dir = f"{url}/eval" if where == "bucket" else str(tmp_path / "eval")
+      metrics = run.evaluate_checkpoint(run.EvalConfig(
+          checkpoint_path=model_dir, mixture_or_task_name="train_test_copy",
+          task_feature_lengths=lengths, output_dir=eval_dir, max_examples=4, decode=decode))
+      outputs[where] = (paths.read_text(target), metrics,
+                        paths.read_text(paths.join(eval_dir, f"train_test_copy-{STEPS}.jsonl")),
+                        json.loads(paths.read_text(paths.join(eval_dir, f"metrics-{STEPS}.json"))))
+  assert outputs["bucket"] == outputs["local"]
+  assert len(outputs["bucket"][0].splitlines()) == 3
