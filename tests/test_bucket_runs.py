@@ -313,3 +313,30 @@ def _eval_and_infer_on_a_bucket_and_on_disk(gcs_server, reliability_reference, t
                         json.loads(paths.read_text(paths.join(eval_dir, f"metrics-{STEPS}.json"))))
   assert outputs["bucket"] == outputs["local"]
   assert len(outputs["bucket"][0].splitlines()) == 3
+
+
+def test_export_hf_and_import_hf_from_and_to_a_bucket_give_the_same_files_and_params(
+    gcs_server, reliability_reference, tmp_path, capsys):
+  with gcs_server.activated():
+    url = gcs_server.url(gcs_server.new_bucket(), "models")
+    _upload_tree(reliability_reference, f"{url}/run")
+    for where, run_dir, hf_dir, imported in (
+        ("bucket", f"{url}/run", f"{url}/hf", f"{url}/imported"),
+        ("local", str(reliability_reference), str(tmp_path / "hf"), str(tmp_path / "imported"))):
+      assert cli.main(["export", "hf", "--checkpoint", run_dir, "--out", hf_dir]) == 0
+      report = json.loads(capsys.readouterr().out.splitlines()[-1])
+      assert report["out"] == hf_dir, report
+      assert cli.main(["import", "hf", "--from", hf_dir, "--out", imported]) == 0
+      report = json.loads(capsys.readouterr().out.splitlines()[-1])
+      assert (report["from"], report["out"]) == (hf_dir, imported), report
+    exported = paths.files_under(f"{url}/hf")
+    assert exported == paths.files_under(str(tmp_path / "hf")) and "config.json" in exported
+    for rel in exported:
+      assert paths.read_bytes(f"{url}/hf/{rel}") == (tmp_path / "hf" / rel).read_bytes(), rel
+    config, params, step = checkpoint_params(f"{url}/imported")
+    # A second export into the now non-empty prefix is refused, nothing written.
+    assert cli.main(["export", "hf", "--checkpoint", f"{url}/run", "--out", f"{url}/hf"]) == 2
+    assert "--out gs://" in capsys.readouterr().err
+  expected_config, expected, expected_step = checkpoint_params(tmp_path / "imported")
+  assert config == expected_config and step == expected_step == 0
+  assert_trees_equal(params, expected)

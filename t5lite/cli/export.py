@@ -20,6 +20,8 @@ import sys
 import warnings
 
 from t5lite.errors import ConfigError
+from t5lite.runtime.model_dir import check_location
+from t5lite.util import staging
 
 FORMATS = {
     "hf": "HF transformers: config.json, model.safetensors and tokenizer files (ELECTRA: one "
@@ -44,18 +46,19 @@ def main(argv: list[str]) -> int:
     return serving.main(rest)
   args = _parser(fmt).parse_args(rest)
   _check_empty(args.out)
-  if fmt == "hf":
-    summary = export_hf(args.checkpoint, args.out, max_shard_bytes=args.max_shard_size,
-                        dtype=args.dtype, merge=args.merge)
-  elif fmt == "peft":
-    summary = export_peft(args.checkpoint, args.out)
-  elif fmt == "student":
-    summary = export_student(args.checkpoint, args.out, layers=args.layers,
-                             keep_token_types=args.keep_token_types,
-                             keep_pooler=args.keep_pooler, dtype=args.dtype)
-  else:
-    summary = export_params(args.checkpoint, args.out, dtype=args.dtype)
-  print(json.dumps(summary))
+  with staging.upload(args.out) as out:  # a bucket URL: written here, then uploaded
+    if fmt == "hf":
+      summary = export_hf(args.checkpoint, out, max_shard_bytes=args.max_shard_size,
+                          dtype=args.dtype, merge=args.merge)
+    elif fmt == "peft":
+      summary = export_peft(args.checkpoint, out)
+    elif fmt == "student":
+      summary = export_student(args.checkpoint, out, layers=args.layers,
+                               keep_token_types=args.keep_token_types,
+                               keep_pooler=args.keep_pooler, dtype=args.dtype)
+    else:
+      summary = export_params(args.checkpoint, out, dtype=args.dtype)
+  print(json.dumps(staging.renamed(summary, out, args.out)))
   return 0
 
 
@@ -187,7 +190,8 @@ def _load(checkpoint: str):
 
 
 def _check_empty(out: str) -> None:
-  if os.path.isdir(out) and os.listdir(out):
+  check_location(out, "--out", checkpoints=False)
+  if not staging.is_empty(out):
     raise FileExistsError(f"--out {out} is not empty; choose a new folder (nothing was written)")
 
 

@@ -22,6 +22,8 @@ import warnings
 
 from t5lite.errors import ConfigError
 from t5lite.interop import limits
+from t5lite.runtime.model_dir import check_location
+from t5lite.util import paths, staging
 
 MAX_EXTRA_IDS = 1 << 20  # T5 has 100; each one is a vocabulary entry
 FORMATS = {
@@ -51,8 +53,16 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--max_params", type=limits.positive_count, metavar="N",
                       help=limits.MAX_PARAMS_HELP)
   args = parser.parse_args(rest)
-  print(json.dumps(import_hf(args.source, args.out, dtype=args.dtype,
-                             max_params=args.max_params)))
+  for path, flag in ((args.source, "--from"), (args.out, "--out")):
+    check_location(path, flag, checkpoints=flag == "--out")
+  if paths.is_url(args.out) and not staging.is_empty(args.out):
+    raise FileExistsError(f"--out {args.out} is not empty; choose a new prefix (nothing was "
+                          "written)")
+  # A bucket URL: the HF folder is fetched to local disk, the MODEL_DIR written there first.
+  with staging.download(args.source) as source, staging.upload(args.out) as out:
+    report = import_hf(source, out, dtype=args.dtype, max_params=args.max_params)
+  report = staging.renamed(staging.renamed(report, source, args.source), out, args.out)
+  print(json.dumps(report))
   return 0
 
 
