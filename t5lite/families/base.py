@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Any, ClassVar, Mapping
 
 import flax.linen as nn
@@ -120,11 +121,11 @@ class Family(abc.ABC):
 
   def abstract_params(self) -> Tree:
     """Params as jax.ShapeDtypeStructs: nothing allocated or computed."""
-    return unbox_shapes(jax.eval_shape(self._boxed_params, jax.random.key(0)))
+    return unbox_shapes(_abstract_boxed(self))
 
   def param_logical_axes(self) -> Tree:
     """Params tree of PartitionSpecs over logical axis names, e.g. P('embed', 'heads', 'kv')."""
-    return nn.get_partition_spec(jax.eval_shape(self._boxed_params, jax.random.key(0)))
+    return nn.get_partition_spec(_abstract_boxed(self))
 
   def networks(self, params: Tree) -> list[tuple[str, ModelConfig, Tree]]:
     """(name, config, params) of each network a model holds, for export: one, named '', for
@@ -282,3 +283,22 @@ def stack_mlp_params(config: ModelConfig, stack: str, num_layers: int) -> int:
   routed = sparse * (moe.top_k * mlp_params(config) + config.d_model * moe.num_experts
                      ) if sparse else 0
   return (num_layers - sparse) * mlp_params(config) + routed
+
+
+def _abstract_boxed(family: Family) -> Tree:
+  """eval_shape of the family's boxed init, traced once per family (a frozen dataclass of its
+  config and options, so equal families share it): a start of `t5lite train` asks for it
+  several times (shardings, optimizer state, checkpoints, PEFT and warm-start checks), and
+  tracing a model's init costs 0.1-0.3 s each time. Callers get fresh containers: some edit
+  the tree they get."""
+  try:
+    boxed = _traced_boxed(family)
+  except TypeError:  # an unhashable field (a family built outside the registry): no cache
+    boxed = jax.eval_shape(family._boxed_params, jax.random.key(0))
+  return jax.tree.map(lambda leaf: leaf, boxed,
+                      is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+@functools.lru_cache(maxsize=64)
+def _traced_boxed(family: Family) -> Tree:
+  return jax.eval_shape(family._boxed_params, jax.random.key(0))

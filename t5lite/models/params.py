@@ -43,16 +43,21 @@ def unbox_shapes(boxed) -> Params:
                       is_leaf=is_box)
 
 
+@functools.lru_cache(maxsize=64)
+def _abstract_boxed(config: ModelConfig):
+  """The boxed init's shapes, traced once per config (a frozen dataclass)."""
+  return jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0))
+
+
 def abstract_params(config: ModelConfig) -> Params:
   """Params as jax.ShapeDtypeStructs, without allocating or computing anything (also under
   an active mesh)."""
-  return unbox_shapes(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0)))
+  return unbox_shapes(_abstract_boxed(config))
 
 
 def param_logical_axes(config: ModelConfig) -> Params:
   """Params tree of PartitionSpecs over logical axis names, e.g. P('embed', 'heads', 'kv')."""
-  boxed = jax.eval_shape(functools.partial(_init_boxed, config), jax.random.key(0))
-  return nn.get_partition_spec(boxed)
+  return nn.get_partition_spec(_abstract_boxed(config))
 
 
 def count_params(params_or_config: Params | ModelConfig) -> int:
