@@ -340,3 +340,64 @@ def test_export_hf_and_import_hf_from_and_to_a_bucket_give_the_same_files_and_pa
   expected_config, expected, expected_step = checkpoint_params(tmp_path / "imported")
   assert config == expected_config and step == expected_step == 0
   assert_trees_equal(params, expected)
+
+
+def test_bench_checkpoint_measures_a_bucket_beside_the_local_disk(gcs_server, capsys):
+  from t5lite.bench import checkpoint as bench_checkpoint
+  with gcs_server.activated():
+    url = gcs_server.url(gcs_server.new_bucket(), "bench")
+    assert bench_checkpoint.main(["--model", "tiny", "--repeats", "1", "--dir", url]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("bucket: save ") and out[1].startswith("local: save "), out
+  report = json.loads(out[-1])
+  for where in ("bucket", "local"):
+    figures = report[where]
+    assert figures["step_disk_bytes"] > 0 and figures["state_bytes"] > 0
+    assert figures["save_mb_per_s"] > 0 and figures["restore_mb_per_s"] > 0
+    assert 0 <= figures["async_overlap"] < 1
+  assert report["bucket_over_local_save"] > 0 and report["bucket_over_local_restore"] > 0
+
+
+def test_a_storage_server_killed_mid_save_and_restarted_keeps_the_committed_steps_and_the_rerun_resumes_bitwise(
+    restartable_gcs_server, reliability_gin_file, reliability_reference, tmp_path):
+  """The GCS server SIGKILLed while a save is in flight, back a second later (its objects
+  kept on its disk): the run either finishes that save once the server answers again (the
+  clients retry) and trains on, or stops in one line (exit 2); the steps committed before
+  are intact either way, and the rerun ends as the uninterrupted local run, bitwise."""
+  server = restartable_gcs_server
+  with server.activated():
+    model_dir = server.url(server.new_bucket(), "run")
+    ckpts = paths.join(model_dir, "checkpoints")
+    log_path = tmp_path / "crashed.log"
+    process = run_t5lite(*train_argv(reliability_gin_file, model_dir), wait=False,
+                         tests_on_path=True, env=server.env, log=log_path)
+    deadline = time.monotonic() + 180
+    while True:
+      assert process.poll() is None, log_path.read_text()
+      assert time.monotonic() < deadline, "no save in flight after a committed step"
+      done, saving = _step_folders(ckpts)
+      if done and saving:
+        break
+      time.sleep(0.01)
+    server.kill()
+    time.sleep(1.0)
+    server.restart()
+    code = process.wait(timeout=400)
+    out = log_path.read_text()
+    assert code in (0, 2), out
+    if code == 2:
+      one_error_line(out, "t5lite train")
+    assert "Traceback" not in out, out
+    after = _step_folders(ckpts)[0]
+    if code == 2:  # stopped: what was committed before the crash is all there
+      assert done <= after, (done, after)
+    else:  # went on to the end (retention then dropped the older steps)
+      assert after == {PREVIOUS, NEWEST}, after
+    for step in after:  # intact: verify raises on a damaged one (an unsealed one: False)
+      integrity.verify(paths.join(ckpts, str(step)), step)
+    rerun = tmp_path / "rerun.log"
+    assert run_t5lite(*train_argv(reliability_gin_file, model_dir), tests_on_path=True,
+                      env=server.env, log=rerun, timeout=300).returncode == 0, rerun.read_text()
+    assert_same_run_as(model_dir, reliability_reference)
+    _, params, _ = checkpoint_params(model_dir)
+  assert_trees_equal(params, checkpoint_params(reliability_reference)[1])

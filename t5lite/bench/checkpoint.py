@@ -1,4 +1,5 @@
-"""`t5lite bench checkpoint`: what checksums cost a checkpoint, against orbax alone.
+"""`t5lite bench checkpoint`: what checksums cost a checkpoint, against orbax alone; and a
+bucket against the local disk.
 
 The state is a real training state of a T5 v1.1 preset (params and the default optimizer's
 state, as `t5lite train` saves it). Side by side, `--repeats` times:
@@ -6,20 +7,26 @@ state, as `t5lite train` saves it). Side by side, `--repeats` times:
   seal     t5lite reads the committed files back and writes their CRC32C list
   read     orbax restores the step onto this process's devices       [the peer]
   verify   t5lite checks every file of the step against that list
+  async    an async save: the part the training loop waits for (the arrays copied to host)
+           against the whole save; overlap = 1 - wait / whole is what steps can hide
 Reported: the medians, and ratio_save = (save + seal) / save, ratio_restore = (verify +
 read) / read: 1.05 means checksums add 5% to a save or a restore. Files are read back from
 the page cache right after the save, as in a run (a cold restore reads them from disk twice:
 verify, then orbax). The CRC32C implementation (google-crc32c: 'c' is the hardware one) and
 the CPU are printed with the figures.
 
+With `--dir gs://BUCKET/PATH` the same is measured on the bucket and on a local temp folder,
+side by side, with each one's save and restore throughput (MB/s of the step's files) and the
+ratios bucket / local.
+
   t5lite bench checkpoint                         # the 'bench' preset (d_model 256, 4+4)
   t5lite bench checkpoint --model t5_1_1_small --repeats 5
+  t5lite bench checkpoint --dir gs://BUCKET/bench  # bucket vs local disk
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -34,22 +41,30 @@ def _cpu_model() -> str:
   return cpu_model() or platform.processor() or "unknown"
 
 
-def measure(model: str, repeats: int, directory: str) -> dict:
-  import google_crc32c
+def training_state(model: str):
   import jax
 
   from t5lite.bench.train import model_config
   from t5lite.families import family_of
-  from t5lite.runtime import checkpoints, integrity
   from t5lite.train.optimizers import OptimizerConfig, make_optimizer
   from t5lite.train.train_state import TrainState
   family = family_of(model_config(model))
   optimizer = make_optimizer(OptimizerConfig(), family.param_logical_axes())
-  state = jax.jit(lambda rng: TrainState.create(family.init_params(rng), optimizer))(
+  return jax.jit(lambda rng: TrainState.create(family.init_params(rng), optimizer))(
       jax.random.key(0))
+
+
+def measure(model: str, repeats: int, directory: str, state=None) -> dict:
+  import google_crc32c
+  import jax
+
+  from t5lite.runtime import checkpoints, integrity
+  from t5lite.util import paths
+  state = state if state is not None else training_state(model)
   abstract = jax.eval_shape(lambda: state)
   nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
-  times: dict[str, list[float]] = {"save": [], "seal": [], "read": [], "verify": []}
+  times: dict[str, list[float]] = {"save": [], "seal": [], "read": [], "verify": [],
+                                   "async_wait": [], "async_whole": []}
   for step in range(1, repeats + 1):
     checkpointer = checkpoints.Checkpointer(directory, checkpoints.CheckpointConfig(
         async_save=False, keep=1))
@@ -63,8 +78,7 @@ def measure(model: str, repeats: int, directory: str) -> dict:
     start = time.perf_counter()
     integrity.seal(step_dir)
     times["seal"].append(time.perf_counter() - start)
-    disk_bytes = sum(os.path.getsize(os.path.join(root, f))
-                     for root, _, names in os.walk(step_dir) for f in names)
+    disk_bytes = sum(paths.size(paths.join(step_dir, rel)) for rel in paths.files_under(step_dir))
     start = time.perf_counter()
     integrity.verify(step_dir, step)
     times["verify"].append(time.perf_counter() - start)
@@ -74,6 +88,13 @@ def measure(model: str, repeats: int, directory: str) -> dict:
     times["read"].append(time.perf_counter() - start)
     checkpointer.close()
     del restored
+    checkpointer = checkpoints.Checkpointer(directory, checkpoints.CheckpointConfig(keep=1))
+    start = time.perf_counter()
+    checkpointer.save(repeats + step, state, {})  # async: returns once the arrays are copied
+    times["async_wait"].append(time.perf_counter() - start)
+    checkpointer.wait()
+    times["async_whole"].append(time.perf_counter() - start)
+    checkpointer.close()
   median = {k: statistics.median(v) for k, v in times.items()}
   return {
       "bench": "checkpoint", "model": model, "state_bytes": nbytes, "repeats": repeats,
@@ -82,6 +103,9 @@ def measure(model: str, repeats: int, directory: str) -> dict:
       "ratio_restore": round((median["read"] + median["verify"]) / median["read"], 4),
       "step_disk_bytes": disk_bytes,
       "crc32c_gb_per_s": round(disk_bytes / median["verify"] / 1e9, 2),
+      "save_mb_per_s": round(disk_bytes / median["save"] / 1e6, 1),
+      "restore_mb_per_s": round(disk_bytes / median["read"] / 1e6, 1),
+      "async_overlap": round(1 - median["async_wait"] / median["async_whole"], 3),
       "crc32c_implementation": google_crc32c.implementation,
       "cpu": _cpu_model(), "devices": str(jax.devices()[0].device_kind),
   }
@@ -89,21 +113,37 @@ def measure(model: str, repeats: int, directory: str) -> dict:
 
 def main(argv: list[str]) -> int:
   from t5lite.bench.train import MODELS
+  from t5lite.util import paths
   parser = argparse.ArgumentParser(prog="t5lite bench checkpoint", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="bench", choices=sorted(MODELS))
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--dir", default=None, help="where to write (default: a temp folder, "
-                      "removed after)")
+                      "removed after); a gs:// URL is measured beside a local temp folder")
   args = parser.parse_args(argv)
-  directory = args.dir or tempfile.mkdtemp(prefix="t5lite_bench_ckpt_")
+  where = {"bucket": args.dir} if args.dir and paths.is_url(args.dir) else {}
+  local = args.dir if args.dir and not where else tempfile.mkdtemp(prefix="t5lite_bench_ckpt_")
+  where["local"] = local
+  results = {}
   try:
-    result = measure(args.model, args.repeats, directory)
+    state = training_state(args.model)
+    for name, directory in where.items():
+      results[name] = measure(args.model, args.repeats, directory, state)
   finally:
-    if args.dir is None:
-      shutil.rmtree(directory, ignore_errors=True)
-  print(f"save {result['save_s']:.3f}s + seal {result['seal_s']:.3f}s  (x{result['ratio_save']})"
-        f";  read {result['read_s']:.3f}s + verify {result['verify_s']:.3f}s  "
-        f"(x{result['ratio_restore']});  state {result['state_bytes'] / 1e6:.0f} MB")
-  print(json.dumps({**result, "machine": machine.describe()}))
+    if local != args.dir:
+      shutil.rmtree(local, ignore_errors=True)
+  for name, result in results.items():
+    print(f"{name + ': ' if len(results) > 1 else ''}save {result['save_s']:.3f}s + seal "
+          f"{result['seal_s']:.3f}s  (x{result['ratio_save']});  read {result['read_s']:.3f}s "
+          f"+ verify {result['verify_s']:.3f}s  (x{result['ratio_restore']});  "
+          f"{result['save_mb_per_s']:.0f} / {result['restore_mb_per_s']:.0f} MB/s;  async "
+          f"overlap {100 * result['async_overlap']:.0f}%;  state "
+          f"{result['state_bytes'] / 1e6:.0f} MB")
+  report = dict(results["local"])
+  if "bucket" in results:
+    bucket, disk = results["bucket"], results["local"]
+    report = {"bench": "checkpoint", "model": args.model, "bucket": bucket, "local": disk,
+              "bucket_over_local_save": round(bucket["save_s"] / disk["save_s"], 2),
+              "bucket_over_local_restore": round(bucket["read_s"] / disk["read_s"], 2)}
+  print(json.dumps({**report, "machine": machine.describe()}))
   return 0

@@ -46,7 +46,7 @@ from t5lite.errors import ConfigError
 from t5lite.runtime import integrity
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
-from t5lite.util import paths
+from t5lite.util import paths, storage
 
 CHECKPOINTS_DIR = "checkpoints"
 ON_CORRUPT = ("fallback", "stop")
@@ -113,6 +113,10 @@ class CheckpointWriteError(ConfigError):
 _OS_ERROR_WORDS = ("No space left on device", "Disk quota exceeded", "Read-only file system",
                    "Permission denied", "os_error_code")
 """How TensorStore reports an OS error inside its own exception types (ValueError)."""
+def _is_environment_error(error: BaseException) -> bool:
+  """An error of the disk or the storage service, not of t5lite's code."""
+  return (isinstance(error, OSError) or any(w in str(error) for w in _OS_ERROR_WORDS)
+          or storage.is_service_error(error))
 
 
 def checkpoint_dir(model_dir: str | os.PathLike) -> str:
@@ -219,21 +223,28 @@ class Checkpointer:
       causes = [e]
       while causes[-1].__cause__ is not None and len(causes) < 10:
         causes.append(causes[-1].__cause__)
-      if not any(isinstance(c, OSError) or any(w in str(c) for w in _OS_ERROR_WORDS)
-                 for c in causes):
+      if not any(_is_environment_error(c) for c in causes):
         raise
       step, self._in_flight = self._in_flight, None
       log_path = integrity.log_details(self.model_dir, f"saving checkpoint step {step} "
                                        f"failed:\n{integrity.error_details(e)}")
-      committed = [s for s in self._manager.all_steps() if s != step]
+      try:
+        committed = ", ".join(map(str, sorted(s for s in self._manager.all_steps()
+                                              if s != step))) or "none"
+      except Exception as listing:  # the bucket that failed the save may fail this too
+        if not _is_environment_error(listing):
+          raise
+        committed = "not listed: the storage failed again"
       words = next((w for c in causes for w in _OS_ERROR_WORDS[:-1] if w in str(c)), None)
       reason = integrity.first_line(e, 300)
       raise CheckpointWriteError(
           f"saving checkpoint step {step} in {self.directory} failed: "
           + (f"{words} ({reason})" if words and not reason.startswith("[Errno") else reason)
           + "; the committed checkpoints "
-          f"({', '.join(map(str, sorted(committed))) or 'none'}) are intact: free space or fix "
-          "the folder, then rerun the same command to resume"
+          f"({committed}) are intact: "
+          + ("check that the bucket is reachable and writable" if paths.is_url(self.directory)
+             else "free space or fix the folder")
+          + ", then rerun the same command to resume"
           + (f" (details in {log_path})" if log_path else "")) from e
 
   def _seal_committed(self) -> None:

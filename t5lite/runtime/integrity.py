@@ -191,7 +191,9 @@ def log_details(model_dir: str, text: str) -> str | None:
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
   try:
     paths.append_text(path, f"--- {stamp} pid {os.getpid()}\n{text.rstrip()}\n")
-  except OSError:
+  except Exception as e:  # a full disk, a bucket that is gone: the caller then says less
+    if not (isinstance(e, OSError) or storage.is_service_error(e)):
+      raise
     return None
   return path
 

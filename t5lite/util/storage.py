@@ -38,6 +38,23 @@ Version = Union[int, str]
 """A GCS object's generation (int) or an S3 object's ETag (str)."""
 
 
+_SERVICE_ERROR_WORDS = ("UNAVAILABLE:", "DEADLINE_EXCEEDED:", "PERMISSION_DENIED:",
+                        "RESOURCE_EXHAUSTED:", "UNAUTHENTICATED:", "Failed to connect",
+                        "Couldn't connect")
+"""How TensorStore (under orbax) reports a bucket that failed it once its own retries are spent
+(its gcs driver retries transient errors 32 times, backing off from 1 s to 32 s)."""
+_SERVICE_ERROR_MODULES = ("google.api_core", "google.auth", "google.cloud", "gcsfs", "botocore",
+                          "aiohttp", "requests", "urllib3")
+"""Client libraries whose exceptions mean the storage service failed (after their retries)."""
+
+
+def is_service_error(error: BaseException) -> bool:
+  """True for an error of a storage service or its client (unreachable, refused, throttled
+  past the retries): the environment's doing, told in one line, not a bug."""
+  return (type(error).__module__.startswith(_SERVICE_ERROR_MODULES)
+          or any(w in str(error) for w in _SERVICE_ERROR_WORDS))
+
+
 def is_url(path) -> bool:
   """True for gs:// and s3:// URLs (what this module handles), False for local paths."""
   return isinstance(path, str) and _URL.match(path) is not None

