@@ -8,8 +8,11 @@ import json
 import random
 import re
 import signal
+import socket
 import time
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
@@ -401,3 +404,36 @@ def test_a_storage_server_killed_mid_save_and_restarted_keeps_the_committed_step
     assert_same_run_as(model_dir, reliability_reference)
     _, params, _ = checkpoint_params(model_dir)
   assert_trees_equal(params, checkpoint_params(reliability_reference)[1])
+
+
+def test_a_two_process_job_trains_into_one_bucket_model_dir(gcs_server, reliability_gin_file,
+                                                            reliability_reference, tmp_path):
+  """`--num_processes=2` with MODEL_DIR on the bucket: each process writes its own shards of
+  each step, process 0 commits and seals them (no shared-folder check: a bucket is one
+  namespace). The losses are the one-process run's (to float summation order), and the final
+  step verifies and restores in one process."""
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  with gcs_server.activated():
+    model_dir = gcs_server.url(gcs_server.new_bucket(), "pod-run")
+    processes = [run_t5lite(*train_argv(reliability_gin_file, model_dir),
+                            f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                            f"--process_id={i}", wait=False, devices=1, tests_on_path=True,
+                            env=gcs_server.env, log=tmp_path / f"process{i}.log")
+                 for i in range(2)]
+    for i, process in enumerate(processes):
+      assert process.wait(timeout=300) == 0, (tmp_path / f"process{i}.log").read_text()
+    ckpts = paths.join(model_dir, "checkpoints")
+    assert _step_folders(ckpts) == ({PREVIOUS, NEWEST}, set())
+    assert integrity.verify(paths.join(ckpts, str(NEWEST)), NEWEST)
+    assert not paths.exists(paths.join(model_dir, lease_lib.LEASE_FILE))
+    losses, expected = logged_losses(model_dir), logged_losses(reliability_reference)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                               [expected[s] for s in sorted(losses)], rtol=2e-5)
+    _, params, step = checkpoint_params(model_dir)
+  assert step == STEPS
+  for got, want in zip(jax.tree.leaves(params),
+                       jax.tree.leaves(checkpoint_params(reliability_reference)[1])):
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
