@@ -214,6 +214,7 @@ class BucketLease(Lease):
     super().__init__(model_dir, timeout_s=timeout_s, settle_s=0.0)
     self.path = f"{self.model_dir.rstrip('/')}/{LEASE_FILE}"
     self.version = None  # of the lease object this run wrote last
+    self._version_lock = threading.Lock()
 
   def _payload(self) -> bytes:
     return json.dumps({**self.record, "heartbeat": time.time()}).encode()
@@ -248,21 +249,29 @@ class BucketLease(Lease):
   def _beat(self) -> None:
     while not self._stop.wait(self.timeout_s / 10):
       try:
-        version = storage.replace_if(self.path, self._payload(), self.version)
+        with self._version_lock:  # check() must not read between this write and its version
+          version = storage.replace_if(self.path, self._payload(), self.version)
+          if version is not None:
+            self.version = version
+            continue
       except (ConfigError, OSError):
         continue  # the storage failed past its retries: the next beat tries again
-      if version is None:  # refused: taken over (stop beating), or a conflict to retry
-        with contextlib.suppress(ConfigError, OSError):
-          if not self._still_ours():
-            return
-        continue
-      self.version = version
+      # Refused: taken over (stop beating), or this run's own write landed although its
+      # answer was lost and the client's retry then failed the precondition.
+      with contextlib.suppress(ConfigError, OSError):
+        if not self._still_ours():
+          return
 
   def _still_ours(self) -> bool:
-    held, version = self._held()
-    if version != self.version:
-      self.lost = ("another trainer took over its lease"
-                   + (f" ({describe(held)})" if held else " (the lease object is gone)"))
+    """Whether the lease object still holds this run's token; if so, its version is taken
+    as this run's last (a write whose answer was lost still counts as this run's)."""
+    with self._version_lock:
+      held, version = self._held()
+      if held and held.get("token") == self.token:
+        self.version = version
+      elif self.lost is None:
+        self.lost = ("another trainer took over its lease"
+                     + (f" ({describe(held)})" if held else " (the lease object is gone)"))
     return self.lost is None
 
   def check(self) -> str | None:
