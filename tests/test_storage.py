@@ -230,3 +230,24 @@ def test_jsonl_shards_in_a_bucket_read_as_the_same_rows_as_on_disk(bucket, tmp_p
   assert [remote[i] for i in range(11)] == [local[i] for i in range(11)] == rows
   with pytest.raises(ConfigFileNotFoundError, match=f"no object matches '{url}/c4/nothing-\\*'"):
     len(JsonlSource(f"{url}/c4/nothing-*"))
+
+
+def test_parquet_files_in_a_bucket_read_as_the_same_rows_as_on_disk(bucket, tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from t5lite.data.sources.readers import ParquetSource
+  _, url = bucket
+  rows = [{"text": f"row {i} \u00e9", "ids": list(range(i % 4)), "n": i} for i in range(23)]
+  for shard in range(2):
+    part = rows[shard * 12:][:12]
+    pq.write_table(pa.Table.from_pylist(part), tmp_path / f"part-{shard}.parquet",
+                   row_group_size=5)  # several row groups: read one at a time
+  _upload(tmp_path, f"{url}/pq")
+  local = ParquetSource(str(tmp_path / "part-*.parquet"))
+  remote = ParquetSource(f"{url}/pq/part-*.parquet")
+  assert len(remote) == len(local) == 23
+  for i in (0, 4, 5, 11, 12, 22, 7):
+    got, want = remote[i], local[i]
+    assert got.keys() == want.keys() and got["text"] == want["text"] == rows[i]["text"]
+    assert list(got["ids"]) == list(want["ids"]) == rows[i]["ids"]

@@ -26,6 +26,7 @@ from t5lite.data.sources.files import (ByteSpans, IndexedFileSource, Patterns, c
 from t5lite.data.sources.files import expand_patterns, read_buffer  # noqa: F401 (re-export)
 from t5lite.data.sources.tfds import TfdsSource, prepare_tfds_dataset  # noqa: F401 (re-export)
 from t5lite.errors import ConfigError
+from t5lite.util import paths
 
 
 class TextLineSource(IndexedFileSource):
@@ -175,6 +176,13 @@ def _gzip_has_data(path: str) -> bool:
     return bool(f.read(1))
 
 
+def _parquet_file(path: str):
+  """pyarrow's ParquetFile; an object in a bucket through a seekable fsspec file, so that only
+  the footer and the row groups asked for are fetched (ranged reads)."""
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  return pq.ParquetFile(paths.open_binary(path) if paths.is_url(path) else path)
+
+
 class ParquetSource(IndexedFileSource):
   """One example per row of Parquet files (pyarrow); lists come back as numpy arrays.
 
@@ -188,8 +196,7 @@ class ParquetSource(IndexedFileSource):
     self._groups: dict[tuple[int, int], dict[str, list]] = {}
 
   def _index_file(self, path: str, buf: Any) -> np.ndarray:
-    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-    meta = pq.ParquetFile(path).metadata
+    meta = _parquet_file(path).metadata
     rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     return np.cumsum(np.array(rows, dtype=np.int64))  # row group ends
 
@@ -198,8 +205,7 @@ class ParquetSource(IndexedFileSource):
     key = (file_id, group)
     with self._lock:
       if key not in self._groups:
-        import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-        table = pq.ParquetFile(self.files[file_id]).read_row_group(group, columns=self.columns)
+        table = _parquet_file(self.files[file_id]).read_row_group(group, columns=self.columns)
         if len(self._groups) >= 2:
           self._groups.pop(next(iter(self._groups)))
         self._groups[key] = table.to_pydict()
