@@ -12,6 +12,7 @@ bytes a row), as tensorboardX does with its event file there.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import math
 import os
@@ -115,6 +116,10 @@ class MetricsWriter:
       self._tb.flush()
     except OSError as e:  # a write error names no file (a full disk): name the folder
       raise OSError(e.errno, e.strerror, self.model_dir) from e
+    except Exception as e:  # a bucket that failed past its client's retries: as an OSError
+      if not storage.is_service_error(e):
+        raise
+      raise OSError(errno.EIO, f"the bucket failed: {_first_line(e)}", self.model_dir) from e
 
   def close(self) -> None:
     jsonl, tb, self._jsonl, self._tb = self._jsonl, self._tb, None, None
@@ -151,6 +156,12 @@ def _drop_rows_after(path: str, step: int) -> None:
       kept.append(line if line.endswith("\n") else line + "\n")
   if dropped:
     atomic.write_file(path, "".join(kept))  # whole or not at all: the history stays
+
+
+def _first_line(error: BaseException) -> str:
+  """The first line of a storage client's error (they can run to many lines)."""
+  text = str(error).strip()
+  return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 class _BucketAppender:
