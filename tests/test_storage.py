@@ -251,3 +251,14 @@ def test_parquet_files_in_a_bucket_read_as_the_same_rows_as_on_disk(bucket, tmp_
     got, want = remote[i], local[i]
     assert got.keys() == want.keys() and got["text"] == want["text"] == rows[i]["text"]
     assert list(got["ids"]) == list(want["ids"]) == rows[i]["ids"]
+
+
+def test_builds_that_rename_a_folder_into_place_refuse_a_bucket_url(tmp_path, monkeypatch):
+  from t5lite.util import atomic
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError, match="gs://b/cache/x: this is built on local disk"):
+    atomic.build_dir("gs://b/cache/x", lambda path: None, lambda path: False)
+  with pytest.raises(ConfigError, match="s3://b/y.array_record: this is built on local disk"):
+    with atomic.writing("s3://b/y.array_record"):
+      pass
+  assert os.listdir(tmp_path) == []  # no local folder named gs: or s3:
