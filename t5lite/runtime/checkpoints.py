@@ -12,7 +12,9 @@ so a restart resumes on the exact next batch with the exact params and optimizer
 
 Atomicity: orbax writes a step into a temporary folder and renames it when every file (and
 every process) is done, so a step folder that exists is complete: a crash or SIGKILL mid-save
-leaves only a temporary folder, which is never listed and is removed on the next start.
+leaves only a temporary folder, which is never listed and is removed on the next start. On a
+bucket (MODEL_DIR=gs://...; no folder rename there) orbax writes the step in place and commits
+it with a `commit_success.txt` object written last; a step without one is not listed either.
 
 Integrity (t5lite/runtime/integrity.py): once committed, each step is sealed with the CRC32C
 of every file in it, and every restore (resume here; eval, infer, export and
