@@ -191,8 +191,7 @@ def _load(checkpoint: str):
 
 def _check_empty(out: str) -> None:
   check_location(out, "--out", checkpoints=False)
-  if not staging.is_empty(out):
-    raise FileExistsError(f"--out {out} is not empty; choose a new folder (nothing was written)")
+  staging.check_empty(out)
 
 
 def _size(text: str) -> int:

@@ -55,9 +55,8 @@ def main(argv: list[str]) -> int:
   args = parser.parse_args(rest)
   for path, flag in ((args.source, "--from"), (args.out, "--out")):
     check_location(path, flag, checkpoints=flag == "--out")
-  if paths.is_url(args.out) and not staging.is_empty(args.out):
-    raise FileExistsError(f"--out {args.out} is not empty; choose a new prefix (nothing was "
-                          "written)")
+  if paths.is_url(args.out):  # (a local --out: params_only refuses one with checkpoints)
+    staging.check_empty(args.out)
   # A bucket URL: the HF folder is fetched to local disk, the MODEL_DIR written there first.
   with staging.download(args.source) as source, staging.upload(args.out) as out:
     report = import_hf(source, out, dtype=args.dtype, max_params=args.max_params)

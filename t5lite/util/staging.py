@@ -46,11 +46,17 @@ def download(source: str) -> Iterator[str]:
     shutil.rmtree(local, ignore_errors=True)
 
 
-def is_empty(destination: str) -> bool:
-  """True when `destination` holds no file (a missing folder or prefix is empty)."""
+def check_empty(destination: str) -> None:
+  """FileExistsError unless `destination` holds no file (a missing folder or prefix is
+  empty): an export or import never writes over what is there."""
   if paths.is_url(destination):
-    return not paths.files_under(destination)
-  return not (os.path.isdir(destination) and os.listdir(destination))
+    empty = not paths.files_under(destination)
+  else:
+    empty = not (os.path.isdir(destination) and os.listdir(destination))
+  if not empty:
+    raise FileExistsError(f"--out {destination} is not empty; choose a new "
+                          f"{'prefix' if paths.is_url(destination) else 'folder'} (nothing was "
+                          "written)")
 
 
 @contextlib.contextmanager
