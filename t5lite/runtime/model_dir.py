@@ -10,9 +10,9 @@
 
 Export, import, eval and infer need nothing else: no gin files, no task registry.
 
-A MODEL_DIR is a folder or a bucket URL (gs://BUCKET/run, s3://BUCKET/run; t5lite.util.paths
-reads and writes both): with several hosts, a bucket or a folder every host sees (NFS,
-Filestore, Lustre, a FUSE mount at the same path everywhere). Other URL schemes are refused
+A MODEL_DIR is a folder or a gs://BUCKET/run URL (t5lite.util.paths reads and writes both):
+with several hosts, a bucket or a folder every host sees (NFS, Filestore, Lustre, a FUSE mount
+at the same path everywhere). s3:// and other URL schemes are refused where checkpoints go
 (check_location), and a multi-process run on a folder checks that all processes see the same
 one (check_shared) before it writes anything there; a bucket is one namespace for every host.
 """
