@@ -437,3 +437,18 @@ def test_a_two_process_job_trains_into_one_bucket_model_dir(gcs_server, reliabil
   for got, want in zip(jax.tree.leaves(params),
                        jax.tree.leaves(checkpoint_params(reliability_reference)[1])):
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+
+
+def test_export_hf_to_an_s3_bucket_gives_the_files_of_a_local_export(
+    s3_server, reliability_reference, tmp_path, capsys):
+  """S3 takes exports (checkpoints stay on gs:// or disk): the same files, byte for byte."""
+  with s3_server.activated():
+    url = s3_server.url(s3_server.new_bucket(), "exports/hf")
+    for out in (url, str(tmp_path / "hf")):
+      assert cli.main(["export", "hf", "--checkpoint", str(reliability_reference),
+                       "--out", out]) == 0
+      assert json.loads(capsys.readouterr().out.splitlines()[-1])["out"] == out
+    exported = paths.files_under(url)
+    assert exported == paths.files_under(str(tmp_path / "hf")) and "config.json" in exported
+    for rel in exported:
+      assert paths.read_bytes(f"{url}/{rel}") == (tmp_path / "hf" / rel).read_bytes(), rel
