@@ -42,9 +42,7 @@ from t5lite.errors import ConfigError
 CHECKSUMS_FILE = "t5lite_checksums.json"
 LOG_FILE = "t5lite.log"
 _BLOCK = 8 << 20  # read files in 8 MiB blocks: memory stays flat whatever the array size
-COMMIT_MARKER = "commit_success.txt"
-"""What orbax writes last into a step it saves on a bucket: the step is committed once it is
-there (on a local disk the step folder's rename commits it)."""
+COMMIT_MARKER = storage.COMMIT_MARKER
 
 
 class CorruptCheckpointError(ConfigError):

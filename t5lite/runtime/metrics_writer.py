@@ -20,6 +20,7 @@ import re
 import sys
 from typing import Any, Mapping
 
+from t5lite.runtime import integrity
 from t5lite.util import atomic, paths, storage
 
 METRICS_FILE = "metrics.jsonl"
@@ -119,7 +120,7 @@ class MetricsWriter:
     except Exception as e:  # a bucket that failed past its client's retries: as an OSError
       if not storage.is_service_error(e):
         raise
-      raise OSError(errno.EIO, f"the bucket failed: {_first_line(e)}", self.model_dir) from e
+      raise OSError(errno.EIO, f"the bucket failed: {integrity.first_line(e)}", self.model_dir) from e
 
   def close(self) -> None:
     jsonl, tb, self._jsonl, self._tb = self._jsonl, self._tb, None, None
@@ -156,12 +157,6 @@ def _drop_rows_after(path: str, step: int) -> None:
       kept.append(line if line.endswith("\n") else line + "\n")
   if dropped:
     atomic.write_file(path, "".join(kept))  # whole or not at all: the history stays
-
-
-def _first_line(error: BaseException) -> str:
-  """The first line of a storage client's error (they can run to many lines)."""
-  text = str(error).strip()
-  return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 class _BucketAppender:

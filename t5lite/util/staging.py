@@ -22,8 +22,7 @@ import tempfile
 from typing import Iterator
 
 from t5lite.util import atomic, paths
-
-COMMIT_MARKER = "commit_success.txt"
+from t5lite.util.storage import COMMIT_MARKER
 
 
 @contextlib.contextmanager

@@ -34,6 +34,9 @@ from t5lite.errors import ConfigError
 SCHEMES = ("gs", "s3")
 _URL = re.compile(r"^(?P<scheme>gs|s3)://(?P<bucket>[^/]+)/?(?P<key>.*)$")
 RETRY_ATTEMPTS = 8
+COMMIT_MARKER = "commit_success.txt"
+"""What orbax writes last into a checkpoint step it saves on a bucket (and into each item): the
+step is committed once it is there (on a local disk a folder rename commits it)."""
 Version = Union[int, str]
 """A GCS object's generation (int) or an S3 object's ETag (str)."""
 
