@@ -39,13 +39,14 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
 # The suite compiles thousands of small programs and runs each for a few steps: XLA:CPU's
-# compile is about 70% of the suite's time, and LLVM's optimization of the generated code is a
-# large part of it that buys nothing here. Level 0 (no LLVM optimization): 262 compile-heavy
-# unit tests from a cold cache took 313 s against 389 s at level 1 (XLA's default is 2), on
-# the 2-core Zen 4 EPYC. The programs are the same; only their machine code is less
-# optimized, and every bitwise comparison compares runs made under the same level.
+# compile is about 70% of the suite's time, and LLVM's optimization of the generated code
+# buys nothing here (tests/test_train_step.py from a cold cache: 57 s at XLA's default level 2,
+# 43 s at 1, on the 2-core Zen 4 EPYC). The programs are the same; only their machine code is
+# less optimized, and every bitwise comparison compares runs made under the same level. Level
+# 0 is not used: it compiled 20% faster again, but the 8-device train step of
+# test_learning.py then deadlocked in a collective permute (7 of 8 devices arrived).
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=1"
 
 import pytest  # noqa: E402
 
