@@ -262,3 +262,66 @@ def test_builds_that_rename_a_folder_into_place_refuse_a_bucket_url(tmp_path, mo
     with atomic.writing("s3://b/y.array_record"):
       pass
   assert os.listdir(tmp_path) == []  # no local folder named gs: or s3:
+
+
+def test_tfrecord_array_record_and_tfds_data_in_a_bucket_read_as_on_disk(
+    bucket, tmp_path, monkeypatch):
+  """TFRecord shards are read from the bucket; array_record shards and a TFDS data_dir are
+  copied to the local object cache once (array_record reads local files only) and read the
+  same rows as on disk; a replaced object is fetched again."""
+  from t5lite.data.sources.tfds import TfdsSource, prepare_tfds_dataset
+  from t5lite.data.sources.tfrecord import (ArrayRecordSource, TfRecordSource,
+                                            convert_tfrecord_to_array_record, read_tfrecord)
+  from t5lite.util import staging
+  _, url = bucket
+  monkeypatch.setenv(staging.CACHE_ENV, str(tmp_path / "objects"))
+  rows = [{"text": f"doc {i} \u00e9\u65e5", "n": i} for i in range(9)]
+  records = tmp_path / "records"
+  records.mkdir()
+  prepare_tfds_dataset("t5lite_bucket_corpus", {"train": rows, "validation": rows[:2]},
+                       str(tmp_path / "tfds"), {"text": "text", "n": "int64"})
+  version = tmp_path / "tfds" / "t5lite_bucket_corpus" / "1.0.0"
+  shard = version / "t5lite_bucket_corpus-train.array_record-00000-of-00001"
+  opened = ArrayRecordSource(str(shard))._open()  # TFDS's records: tf.train.Example bytes
+  examples = [bytes(opened[i]) for i in range(len(rows))]
+  _write_tfrecord(records / "part-0.tfrecord", examples[:5])
+  _write_tfrecord(records / "part-1.tfrecord", examples[5:])
+  convert_tfrecord_to_array_record(str(records / "part-*.tfrecord"), str(tmp_path / "ar"))
+  _upload(records, f"{url}/tfrecord")
+  _upload(tmp_path / "ar", f"{url}/ar")
+  for folder in sorted(p for p in (tmp_path / "tfds").rglob("*") if p.is_dir()):
+    if any(f.is_file() for f in folder.iterdir()):
+      _upload(folder, f"{url}/tfds/{folder.relative_to(tmp_path / 'tfds').as_posix()}")
+  want = [(r["text"], r["n"]) for r in rows]
+  for remote in (TfRecordSource(f"{url}/tfrecord/part-*.tfrecord"),
+                 ArrayRecordSource(f"{url}/ar/*.array_record"),
+                 TfdsSource("t5lite_bucket_corpus", "train", data_dir=f"{url}/tfds")):
+    assert [(remote[i]["text"], remote[i]["n"]) for i in range(len(remote))] == want, remote
+  cached = sorted(p.relative_to(tmp_path / "objects").as_posix()
+                  for p in (tmp_path / "objects").rglob("*") if p.is_file()
+                  and not p.name.endswith(".version"))
+  scheme, bucket_name = url.split("://")[0], url.split("/")[2]
+  assert cached == sorted(
+      [f"{scheme}/{bucket_name}/ar/{p.name}" for p in (tmp_path / "ar").iterdir()]
+      + [f"{scheme}/{bucket_name}/tfds/t5lite_bucket_corpus/1.0.0/{p.name}"
+         for p in version.iterdir()]), cached
+  assert len(read_tfrecord(str(records / "part-1.tfrecord"))) == 4
+  # The array_record shard replaced in the bucket (its first 5 rows only): fetched again.
+  first = sorted((tmp_path / "ar").iterdir())[0]
+  convert_tfrecord_to_array_record(str(records / "part-0.tfrecord"), str(tmp_path / "ar5"))
+  storage.path(f"{url}/ar/{first.name}").write_bytes(
+      next((tmp_path / "ar5").glob("*.array_record")).read_bytes())
+  assert len(ArrayRecordSource(f"{url}/ar/{first.name}")) == 5
+
+
+def _write_tfrecord(path, records: list[bytes]) -> None:
+  """TFRecord framing (u64 length, masked CRC32C of it, data, masked CRC32C of the data)."""
+  import struct
+
+  from t5lite.data.sources.crc32c import masked_crc32c
+  out = bytearray()
+  for data in records:
+    length = struct.pack("<Q", len(data))
+    out += length + struct.pack("<I", masked_crc32c(length)) + data
+    out += struct.pack("<I", masked_crc32c(data))
+  path.write_bytes(bytes(out))

@@ -104,6 +104,16 @@ def size(path) -> int:
   return storage.size(storage.path(os.fspath(path)))
 
 
+def version(url: str) -> str:
+  """What changes when the object at `url` is written again: its GCS generation or S3 ETag
+  (with its size and modification time where a server gives neither)."""
+  info = _fresh_filesystem(url).info(url)
+  for key in ("generation", "ETag", "etag"):
+    if info.get(key):
+      return str(info[key]).strip('"')
+  return f"{info.get('size')}-{info.get('mtime') or info.get('LastModified') or info.get('updated')}"
+
+
 def remove(path) -> None:
   """Removes a file (missing is fine)."""
   target = storage.path(os.fspath(path))

@@ -7,6 +7,10 @@ jax.export), which take local paths only.
     with staging.upload(out) as local:        # a URL: a temp folder, uploaded when the block
       write(local)                             # ends without an error; a local path: itself
 
+`local_copy(url)` is for readers that take local files only and read them in place (array_record's
+C++ reader, TFDS's array_record data sources): the object is copied, streamed, into a cache
+folder on the local disk once per version of it (its GCS generation or S3 ETag), and reused.
+
 An upload writes every file as one object, and orbax's commit markers (`commit_success.txt`)
 last, so a copy cut short leaves no checkpoint step that looks committed; the other files of
 an export are readable as soon as they land, as with `gsutil cp -r`. Temporary folders are
@@ -19,22 +23,30 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
-from t5lite.util import atomic, paths
+from t5lite.errors import ConfigError
+from t5lite.util import atomic, paths, storage
 from t5lite.util.storage import COMMIT_MARKER
 
 
 @contextlib.contextmanager
-def download(source: str) -> Iterator[str]:
-  """A local folder holding `source`'s files (see the module docstring)."""
+def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
+             keep_name: bool = False) -> Iterator[str]:
+  """A local folder holding `source`'s files (see the module docstring). keep: picks the
+  relative names worth fetching out of all of them (e.g. one checkpoint step of many).
+  keep_name: the local folder has the URL's last name (readers that parse it, as
+  checkpoint_N)."""
   if not paths.is_url(source):
     yield source
     return
   names = paths.files_under(source)
   if not names:
     raise FileNotFoundError(f"{source}: no objects under this URL")
-  local = tempfile.mkdtemp(prefix="t5lite-download-")
+  if keep is not None:
+    names = keep(names)
+  root = tempfile.mkdtemp(prefix="t5lite-download-")
+  local = os.path.join(root, paths.basename(source.rstrip("/"))) if keep_name else root
   try:
     for rel in names:
       target = os.path.join(local, *rel.split("/"))
@@ -42,7 +54,7 @@ def download(source: str) -> Iterator[str]:
       pathlib.Path(target).write_bytes(paths.read_bytes(paths.join(source, rel)))
     yield local
   finally:
-    shutil.rmtree(local, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def check_empty(destination: str) -> None:
@@ -87,3 +99,42 @@ def renamed(report, local: str, destination: str):
     return paths.join(destination, report[len(local):].lstrip(os.sep)) if report != local else (
         destination)
   return report
+
+
+CACHE_ENV = "T5LITE_OBJECT_CACHE"
+
+
+def object_cache() -> str:
+  """$T5LITE_OBJECT_CACHE, else ~/.cache/t5lite/objects."""
+  return os.environ.get(CACHE_ENV) or os.path.expanduser("~/.cache/t5lite/objects")
+
+
+def cache_path(url: str) -> str:
+  """Where local_copy puts the object at `url` (or the folder of a prefix): object_cache()/
+  SCHEME/BUCKET/KEY."""
+  scheme, bucket, key = storage.split(url.rstrip("/"))
+  parts = key.split("/") if key else []
+  if any(part in ("", ".", "..") for part in parts):  # would land outside its folder
+    raise ConfigError(f"{url}: a name with an empty, '.' or '..' part cannot be copied to "
+                      "local disk; rename the object")
+  return os.path.join(object_cache(), scheme, bucket, *parts)
+
+
+def local_copy(url: str) -> str:
+  """A local path holding the bytes of the object at `url` (a local path is itself): under
+  object_cache(), at the URL's own bucket and path, fetched again only when the object's
+  version is not the one fetched last. Each copy lands whole (written aside, then renamed),
+  so processes sharing the cache never read half a file."""
+  if not paths.is_url(url):
+    return url
+  local = cache_path(url)
+  stamp = local + ".version"
+  version = paths.version(url)
+  if os.path.isfile(local) and os.path.isfile(stamp) and (
+      pathlib.Path(stamp).read_text() == version):
+    return local
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  with atomic.writing(local) as tmp, paths.open_binary(url) as source, open(tmp, "wb") as f:
+    shutil.copyfileobj(source, f, 8 << 20)
+  atomic.write_file(stamp, version)
+  return local

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from t5lite.util import atomic
+from t5lite.util import atomic, paths, staging
 from t5lite.data.sources.files import checked_index
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
@@ -60,6 +60,25 @@ def _decode(value: Any) -> Any:
   return value
 
 
+def _local_data_dir(name: str, data_dir: str | None) -> str | None:
+  """data_dir itself, or for a bucket URL its local copy (staging.local_copy) holding the
+  version folder TFDS picks for `name` there: array_record reads local files only."""
+  if not paths.is_url(data_dir):
+    return data_dir
+  remote = _tfds().builder(name, data_dir=data_dir)  # TFDS resolves config and version
+  version_dir = os.fspath(remote.data_dir)
+  if not version_dir.startswith(data_dir.rstrip("/") + "/"):
+    raise ConfigError(f"TFDS placed {name!r} at {version_dir}, outside data_dir={data_dir!r}")
+  names = paths.files_under(version_dir)
+  if not names:
+    raise ConfigFileNotFoundError(f"TFDS dataset {name!r} is not prepared in "
+                                  f"data_dir={data_dir!r} (looked in {version_dir}). "
+                                  f"{_PREPARE_HINT}")
+  for rel in names:
+    staging.local_copy(paths.join(version_dir, rel))
+  return staging.cache_path(data_dir)
+
+
 class TfdsSource:
   """Random access to a prepared TFDS array_record dataset; Text features come back as str.
 
@@ -81,7 +100,7 @@ class TfdsSource:
     tfds = _tfds()
     where = f"data_dir={self.data_dir!r}" if self.data_dir else "the default TFDS data_dir"
     try:
-      builder = tfds.builder(self.name, data_dir=self.data_dir)
+      builder = tfds.builder(self.name, data_dir=_local_data_dir(self.name, self.data_dir))
     except tfds.core.registered.DatasetNotFoundError:
       raise ConfigFileNotFoundError(f"TFDS dataset {self.name!r} is neither in {where} nor in "
                                     "the TFDS catalog (check its name, config and version). "

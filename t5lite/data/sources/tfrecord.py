@@ -26,6 +26,7 @@ from t5lite.data.sources.files import (ByteSpans, IndexedFileSource, Patterns, c
                                expand_patterns, read_buffer)
 from t5lite.data.sources.tfrecord_example import parse_example
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
+from t5lite.util import staging
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
 _CRC_BATCH_BYTES = 1 << 25  # verify data CRCs 32 MiB at a time
@@ -139,7 +140,8 @@ class ArrayRecordSource:
     """The array_record data source (opened once per process)."""
     if self._source is None:
       from array_record.python import array_record_data_source as ards  # pylint: disable=import-outside-toplevel
-      files = expand_patterns(self._patterns)
+      # array_record reads local files only: shards in a bucket are copied to local disk once.
+      files = [staging.local_copy(f) for f in expand_patterns(self._patterns)]
       source = ards.ArrayRecordDataSource(files)
       if not len(source):
         raise ConfigError(f"{self!r} has no examples: these files are empty: {files}")
