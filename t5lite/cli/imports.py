@@ -93,7 +93,15 @@ def _main_peft(rest: list[str]) -> int:
                       "hf`) or an HF directory")
   parser.add_argument("--out", required=True, help="the new RUN_DIR (a new or empty folder)")
   args = parser.parse_args(rest)
-  print(json.dumps(import_peft(args.source, args.base, args.out)))
+  for path, flag, checkpoints in ((args.source, "--from", False), (args.base, "--base", True),
+                                  (args.out, "--out", True)):
+    check_location(path, flag, checkpoints=checkpoints)
+  if paths.is_url(args.out):  # (a local --out: import_peft refuses one that is not empty)
+    staging.check_empty(args.out)
+  with staging.download(args.source) as source, staging.upload(args.out) as out:
+    report = import_peft(source, args.base, out)
+  print(json.dumps(staging.renamed(staging.renamed(report, source, args.source), out,
+                                   args.out)))
   return 0
 
 

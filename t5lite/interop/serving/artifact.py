@@ -53,6 +53,7 @@ from t5lite.models import adapters as adapters_lib
 from t5lite.models.decoding import search as decoding
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import model_dir
+from t5lite.util import paths, staging
 
 MANIFEST_FILE = "serving.json"
 PARAMS_FILE = "params.safetensors"
@@ -247,13 +248,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+  from t5lite.runtime.model_dir import check_location
   args = _parser().parse_args(argv)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-  manifest = export_serving(args.checkpoint, args.out, input_length=args.input_length,
-                            max_decode_length=args.max_decode_length, methods=methods,
-                            num_beams=args.num_beams, alpha=args.alpha,
-                            adapter=args.adapter, adapters=args.adapters)
-  print(f"wrote serving artifact {os.path.abspath(args.out)}: step {manifest['step']}, "
+  check_location(args.out, "--out", checkpoints=False)
+  if paths.is_url(args.out):  # (a local --out: export_serving refuses one that is not empty)
+    staging.check_empty(args.out)
+  with staging.upload(args.out) as out:  # a bucket URL: written here, then uploaded
+    manifest = export_serving(args.checkpoint, out, input_length=args.input_length,
+                              max_decode_length=args.max_decode_length, methods=methods,
+                              num_beams=args.num_beams, alpha=args.alpha,
+                              adapter=args.adapter, adapters=args.adapters)
+  print(f"wrote serving artifact {paths.absolute(args.out)}: step {manifest['step']}, "
         f"methods {','.join(manifest['methods'])}, platforms {','.join(manifest['platforms'])}")
   return 0
 

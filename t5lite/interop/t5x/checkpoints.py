@@ -39,11 +39,13 @@ from flax import traverse_util
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.interop import limits
+from t5lite.interop.t5x import files
 from t5lite.interop.t5x.files import T5XCheckpointError, find_checkpoint, read_target
 from t5lite.interop.t5x.gin_bindings import gin_bindings, read_gin
 from t5lite.models.config import ACTIVATIONS, ACTIVATION_ALIASES, ModelConfig
 from t5lite.models.params import abstract_params, scan_params
 from t5lite.models.transformer import CROSS_ATTENTION
+from t5lite.util import paths, staging
 
 # T5X mlp_activations -> t5lite mlp_activation ('gelu' is flax's tanh approximation, as ours).
 ACTIVATIONS_FROM_T5X = {("relu",): "relu", ("gelu",): "gelu", ("gelu", "linear"): "gated-gelu",
@@ -421,18 +423,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
   from t5lite.interop.params_only import write_model_dir
+  from t5lite.runtime.model_dir import check_location
   args = _parser().parse_args(argv)
   hints = {k: getattr(args, k) for k in ("mlp_activation", "relative_attention_max_distance")
            if getattr(args, k) is not None}
-  config, params, step, gin_text, t5x_dir = _load(args.source, args.step, hints,
-                                                  max_params=args.max_params)
-  vocabulary = _vocabulary(args, gin_text, t5x_dir)
-  if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
-    raise ConfigError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
-                      f"{config.vocab_size} embeddings (check --extra_ids)")
-  folder = write_model_dir(args.out, config, params, step=step, vocabulary=vocabulary)
+  check_location(args.source, "--from", checkpoints=False)
+  check_location(args.out, "--out", checkpoints=True)
+  if paths.is_url(args.out):  # (a local --out: write_model_dir refuses one with checkpoints)
+    staging.check_empty(args.out)
+  # On a bucket: the step read is fetched to local disk, the MODEL_DIR written there first.
+  with files.staged(args.source, args.step) as source, staging.upload(args.out) as out:
+    config, params, step, gin_text, t5x_dir = _load(source, args.step, hints,
+                                                    max_params=args.max_params)
+    vocabulary = _vocabulary(args, gin_text, t5x_dir)
+    if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
+      raise ConfigError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
+                        f"{config.vocab_size} embeddings (check --extra_ids)")
+    folder = write_model_dir(out, config, params, step=step, vocabulary=vocabulary)
   import json
-  print(json.dumps({"import": "t5x", "from": os.path.abspath(args.source), "step": step,
-                    "out": os.path.abspath(args.out), "checkpoint": folder,
+  print(json.dumps({"import": "t5x", "from": paths.absolute(args.source), "step": step,
+                    "out": paths.absolute(args.out),
+                    "checkpoint": staging.renamed(folder, out, args.out),
                     "vocabulary": repr(vocabulary) if vocabulary else None}))
   return 0

@@ -24,12 +24,13 @@ MAX_COMPRESSION_RATIO) and, for the whole 'target', against the import ceiling (
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import msgpack
 import numpy as np
@@ -37,6 +38,7 @@ import tensorstore as ts
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.interop import limits
+from t5lite.util import paths, staging
 
 # zarr/flax dtype names -> numpy dtypes; nothing else is a T5 parameter.
 DTYPES = {"<f4": "float32", "float32": "float32", "bfloat16": "bfloat16", "<f2": "float16",
@@ -95,6 +97,48 @@ def find_checkpoint(path: str, step: int | None = None) -> tuple[str, int | None
     raise ConfigFileNotFoundError(f"{path} has no checkpoint_{step}; steps there: {sorted(steps)}")
   step = max(steps) if step is None else step
   return steps[step], step
+
+
+@contextlib.contextmanager
+def staged(url: str, step: int | None = None) -> Iterator[str]:
+  """A T5X model dir or checkpoint_N folder on a bucket, as a local folder of the same shape
+  holding only what an import reads: the model dir's own files (config.gin, a vocabulary;
+  for a checkpoint_N URL, those of the folder above it) and the one checkpoint_N folder
+  find_checkpoint would pick, not every step saved. A local path is itself."""
+  if not paths.is_url(url):
+    yield url
+    return
+  url = url.rstrip("/")
+  one_step = []
+
+  def pick(names: list[str]) -> list[str]:
+    if _lists_step_dir(names, ""):  # the URL is one step's folder
+      one_step.append(True)
+      return names
+    steps = {int(m[1]) for n in names if (m := re.match(r"checkpoint_(\d+)/", n))}
+    steps = {n for n in steps if _lists_step_dir(names, f"checkpoint_{n}/")}
+    if not steps:
+      raise ConfigFileNotFoundError(
+          f"no T5X checkpoint in {url}: expected checkpoint_N folders holding a 'checkpoint' "
+          "object (msgpack) or 'state/' objects (orbax)")
+    if step is not None and step not in steps:
+      raise ConfigFileNotFoundError(f"{url} has no checkpoint_{step}; steps there: "
+                                    f"{sorted(steps)}")
+    chosen = f"checkpoint_{max(steps) if step is None else step}/"
+    return [n for n in names if "/" not in n or n.startswith(chosen)]
+
+  with staging.download(url, keep=pick, keep_name=True) as local:
+    if one_step:  # the model dir's own files too: config.gin and what it names are read there
+      parent = paths.dirname(url)
+      for name in paths.files_under(parent):
+        if "/" not in name:
+          with open(os.path.join(os.path.dirname(local), name), "wb") as f:
+            f.write(paths.read_bytes(paths.join(parent, name)))
+    yield local
+
+
+def _lists_step_dir(names: list[str], prefix: str) -> bool:
+  return f"{prefix}checkpoint" in names or any(n.startswith(f"{prefix}state/") for n in names)
 
 
 # --- reading untrusted files ------------------------------------------------------------------

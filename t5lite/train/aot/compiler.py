@@ -48,12 +48,16 @@ from t5lite.families import family_of
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import partitioning as part
 from t5lite.runtime import topologies
+from t5lite.runtime.model_dir import check_location
 from t5lite.train import recipes, step_program
 from t5lite.train.aot import cost as aot_cost
 from t5lite.train.loop import step_memory
+from t5lite.util import atomic, paths
+
 
 def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = print) -> int:
   """The CLI verb: compile, print the table and the JSON line."""
+  check_location(args.emit_hlo, "--emit_hlo", checkpoints=False)
   if args.platform == "cuda":
     report = lower_for_cuda(model_config, config, args.devices, program=args.program,
                             emit_hlo=args.emit_hlo)
@@ -301,10 +305,10 @@ def _cost(compiled, program: step_program.StepProgram, chip, devices: int,
 
 
 def _write(directory: str, name: str, text: str) -> str:
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, name)
-  with open(path, "w") as f:
-    f.write(text)
+  """`directory`/`name` written whole; the directory a local folder or a bucket URL."""
+  paths.makedirs(directory)
+  path = paths.join(directory, name)
+  atomic.write_file(path, text)
   return path
 
 
