@@ -18,9 +18,25 @@ def train_in_this_process(argv: list[str]) -> None:
   assert cli.main(argv) == 0, argv
 
 
+# demo.gin at a quarter of its width, two layers a stack (a sparse MLP in each: every second
+# layer is one) and batches of 8: the report's figures are ratios of the same two models.
+SMALLER = """include 'runs/demo.gin'
+ModelConfig.d_model = 32
+ModelConfig.d_ff = 128
+ModelConfig.num_heads = 2
+ModelConfig.d_kv = 16
+ModelConfig.num_encoder_layers = 2
+ModelConfig.num_decoder_layers = 2
+BATCH_SIZE = 8
+TrainConfig.eval_steps = 1
+"""
+
+
 @pytest.mark.slow
 def test_dense_and_switch_runs_are_reported_side_by_side(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(moe, "run_t5lite", train_in_this_process)
+  (tmp_path / "smaller.gin").write_text(SMALLER)
+  monkeypatch.setattr(moe, "RUN", str(tmp_path / "smaller.gin"))
   # --steps 2, the fewest the bench takes: the figures compared do not depend on the count.
   assert moe.main(["--out", str(tmp_path / "out"), "--steps", "2", "--experts", "4"]) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -29,7 +45,10 @@ def test_dense_and_switch_runs_are_reported_side_by_side(tmp_path, capsys, monke
   assert dense["steps"] == switch["steps"] == 2
   # One expert per token: the same FLOPs but the router's (d_model x 4 per sparse token).
   assert 1.0 < report["flops_ratio"] < 1.002
-  assert report["params_ratio"] > 1.5 and switch["params"] > dense["params"]
+  # 4 experts for each sparse MLP (one per stack: the second layer) and its router: three
+  # more copies of a gated MLP's d_model x d_ff matrices (wi_0, wi_1, wo) and d_model x 4.
+  assert switch["params"] - dense["params"] == 2 * (3 * 3 * 32 * 128 + 32 * 4), report
+  assert report["params_ratio"] == pytest.approx(switch["params"] / dense["params"])
   assert 0.0 <= switch["dropped_fraction"] < 1.0 and "dropped_fraction" not in dense
   assert dense["eval_loss"] > 0 and switch["eval_loss"] > 0
   saved = json.loads((tmp_path / "out" / "moe.json").read_text())
