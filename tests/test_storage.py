@@ -261,6 +261,12 @@ def test_builds_that_rename_a_folder_into_place_refuse_a_bucket_url(tmp_path, mo
   with pytest.raises(ConfigError, match="s3://b/y.array_record: this is built on local disk"):
     with atomic.writing("s3://b/y.array_record"):
       pass
+  from t5lite.data import cache
+  from t5lite.data.registry import TaskRegistry
+  import train_tasks  # noqa: F401 (registers train_test_sc, which has a CACHE_POINT)
+  task = TaskRegistry.get("train_test_sc")
+  with pytest.raises(ConfigError, match="gs://b/tasks/.*: this is built on local disk"):
+    cache.cache_task(task, "train", "gs://b/tasks")
   assert os.listdir(tmp_path) == []  # no local folder named gs: or s3:
 
 

@@ -42,6 +42,7 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   if not 0 <= worker_index < num_workers:
     raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
   out_dir = task_cache_dir(task, split, cache_dir)
+  atomic.check_local(out_dir)  # before makedirs makes a local folder named gs:
   os.makedirs(out_dir, exist_ok=True)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)

@@ -28,7 +28,7 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|trash)-(?P<host>[A-Za-z0-9_.]
 STALE_SECONDS = 24 * 3600
 
 
-def _local_only(target: str) -> None:
+def check_local(target: str) -> None:
   """Refuses a bucket URL where a local folder is written and renamed (os.path would take
   gs://B/x for a relative folder named gs:)."""
   from t5lite.util import storage
@@ -41,7 +41,7 @@ def _local_only(target: str) -> None:
 
 def temp_path(target: str, kind: str = "tmp") -> str:
   """A sibling of target that no other build uses (same folder, so rename stays atomic)."""
-  _local_only(target)
+  check_local(target)
   parent, name = os.path.split(os.path.abspath(target))
   return os.path.join(parent, f".{name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
@@ -112,7 +112,7 @@ def build_dir(target: str, build: Callable[[str], None],
   build writes the folder's content into `path` (a fresh temporary folder, its name not
   target's); the finished folder is then renamed onto target.
   """
-  _local_only(target)
+  check_local(target)
   if is_complete(target):
     return target
   parent = os.path.dirname(os.path.abspath(target))
