@@ -27,6 +27,15 @@ def bucket(request):
       storage.forget_clients()
 
 
+def test_object_names_that_would_leave_their_local_folder_are_refused(tmp_path, monkeypatch):
+  from t5lite.util import staging
+  monkeypatch.setenv(staging.CACHE_ENV, str(tmp_path))
+  assert staging.cache_path("s3://b/a/x.array_record") == str(tmp_path / "s3/b/a/x.array_record")
+  for url in ("gs://b/a/../../x", "gs://b/./x", "s3://b/a//x"):
+    with pytest.raises(ConfigError, match="has an empty, '.' or '..' part"):
+      staging.cache_path(url)
+
+
 def test_urls_are_told_from_local_paths():
   assert storage.is_url("gs://b/run") and storage.is_url("s3://b") and storage.is_url("gs://b/")
   for local in ("/tmp/run", "run", "gs:/b", "file:///tmp/x", "http://b/x", None):

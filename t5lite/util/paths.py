@@ -111,7 +111,8 @@ def version(url: str) -> str:
   for key in ("generation", "ETag", "etag"):
     if info.get(key):
       return str(info[key]).strip('"')
-  return f"{info.get('size')}-{info.get('mtime') or info.get('LastModified') or info.get('updated')}"
+  changed = info.get("mtime") or info.get("LastModified") or info.get("updated")
+  return f"{info.get('size')}-{changed}"
 
 
 def remove(path) -> None:

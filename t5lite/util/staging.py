@@ -49,7 +49,7 @@ def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
   local = os.path.join(root, paths.basename(source.rstrip("/"))) if keep_name else root
   try:
     for rel in names:
-      target = os.path.join(local, *rel.split("/"))
+      target = os.path.join(local, *_parts(rel, source))
       os.makedirs(os.path.dirname(target), exist_ok=True)
       pathlib.Path(target).write_bytes(paths.read_bytes(paths.join(source, rel)))
     yield local
@@ -113,11 +113,17 @@ def cache_path(url: str) -> str:
   """Where local_copy puts the object at `url` (or the folder of a prefix): object_cache()/
   SCHEME/BUCKET/KEY."""
   scheme, bucket, key = storage.split(url.rstrip("/"))
-  parts = key.split("/") if key else []
-  if any(part in ("", ".", "..") for part in parts):  # would land outside its folder
-    raise ConfigError(f"{url}: a name with an empty, '.' or '..' part cannot be copied to "
-                      "local disk; rename the object")
-  return os.path.join(object_cache(), scheme, bucket, *parts)
+  return os.path.join(object_cache(), scheme, bucket, *(_parts(key, url) if key else []))
+
+
+def _parts(name: str, url: str) -> list[str]:
+  """The folders and file of an object name, refused where one is empty, '.' or '..': a bucket
+  allows such names, and joined to a local folder they would land outside it."""
+  parts = name.split("/")
+  if any(part in ("", ".", "..") for part in parts):
+    raise ConfigError(f"{url}: the object name {name!r} has an empty, '.' or '..' part and "
+                      "cannot be copied to local disk; rename the object")
+  return parts
 
 
 def local_copy(url: str) -> str:

@@ -131,7 +131,7 @@ def staged(url: str, step: int | None = None) -> Iterator[str]:
     if one_step:  # the model dir's own files too: config.gin and what it names are read there
       parent = paths.dirname(url)
       for name in paths.files_under(parent):
-        if "/" not in name:
+        if "/" not in name and name not in (".", ".."):
           with open(os.path.join(os.path.dirname(local), name), "wb") as f:
             f.write(paths.read_bytes(paths.join(parent, name)))
     yield local
