@@ -58,7 +58,11 @@ MLM_VOCAB_SIZE = 4000  # stdlib_mlm's WordPiece: 5 specials, ##-symbols, alphabe
 
 
 def data_dir() -> str:
+  """$T5LITE_DATA_DIR (else ~/.cache/t5lite/data)/pyXY: a local folder. The build is small and
+  the same on every host (the Python standard library's text), so each host builds its own;
+  a bucket URL is refused rather than taken for a local folder named gs:."""
   root = os.environ.get("T5LITE_DATA_DIR") or os.path.expanduser("~/.cache/t5lite/data")
+  atomic.check_local(root, "T5LITE_DATA_DIR")
   return os.path.join(root, f"py{sys.version_info.major}{sys.version_info.minor}")
 
 

@@ -276,6 +276,10 @@ def test_builds_that_rename_a_folder_into_place_refuse_a_bucket_url(tmp_path, mo
   task = TaskRegistry.get("train_test_sc")
   with pytest.raises(ConfigError, match="gs://b/tasks/.*: this is built on local disk"):
     cache.cache_task(task, "train", "gs://b/tasks")
+  from t5lite_tasks import embedded
+  monkeypatch.setenv("T5LITE_DATA_DIR", "gs://b/data")
+  with pytest.raises(ConfigError, match="T5LITE_DATA_DIR=gs://b/data: this is built on local"):
+    embedded.data_dir()
   assert os.listdir(tmp_path) == []  # no local folder named gs: or s3:
 
 
