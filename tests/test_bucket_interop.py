@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import assert_trees_equal, checkpoint_params
+from helpers.storage_servers import upload_tree
 from helpers.t5x_checkpoints import V11, t5x_target, write_msgpack_checkpoint
 from t5lite import cli
 from t5lite.data.vocab.vocabularies import train_sentencepiece
@@ -20,7 +21,7 @@ from t5lite.interop.peft import record as peft_record
 from t5lite.models import adapters
 from t5lite.models.adapters import AdapterConfig
 from t5lite.models.params import init_params
-from t5lite.util import atomic, paths, staging
+from t5lite.util import paths, staging
 
 pytestmark = [pytest.mark.e2e]
 
@@ -36,11 +37,6 @@ seqio.SentencePieceVocabulary.extra_ids = 7
 def spm_bytes() -> bytes:
   texts = ["the cat sat on the mat", "a dog and a cat", "tea at ten to two"] * 20
   return train_sentencepiece(texts, 20, byte_fallback=False)
-
-
-def _upload_tree(folder, url: str) -> None:
-  for local in sorted(p for p in folder.rglob("*") if p.is_file()):
-    atomic.write_file(paths.join(url, local.relative_to(folder).as_posix()), local.read_bytes())
 
 
 def _last_json(capsys) -> dict:
@@ -70,7 +66,7 @@ def test_import_t5x_from_a_bucket_reads_only_the_chosen_step_and_equals_a_local_
   monkeypatch.setattr(staging, "download", counting)
   with gcs_server.activated():
     url = gcs_server.url(gcs_server.new_bucket(), "t5x")
-    _upload_tree(t5x_dir, url)
+    upload_tree(t5x_dir, url)
     for args, want_step in (([], 20), (["--step", "10"], 10)):
       local_out, bucket_out = str(tmp_path / f"local{want_step}"), f"{url}-out/{want_step}"
       assert cli.main(["import", "t5x", "--from", str(t5x_dir), "--out", local_out] + args) == 0
@@ -116,8 +112,8 @@ def test_import_peft_and_export_serving_with_a_bucket_on_each_side(
   peft_format.save_peft(adapted, half, str(tmp_path / "adapter"))
   with gcs_server.activated():
     url = gcs_server.url(gcs_server.new_bucket(), "peft")
-    _upload_tree(reliability_reference, f"{url}/base")
-    _upload_tree(tmp_path / "adapter", f"{url}/adapter")
+    upload_tree(reliability_reference, f"{url}/base")
+    upload_tree(tmp_path / "adapter", f"{url}/adapter")
     for source, base, out in (
         (f"{url}/adapter", f"{url}/base", f"{url}/run"),
         (str(tmp_path / "adapter"), str(reliability_reference), str(tmp_path / "run"))):

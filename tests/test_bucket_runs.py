@@ -18,6 +18,7 @@ import pytest
 
 from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from helpers.cli import run_t5lite
+from helpers.storage_servers import upload_tree
 from helpers.runs import (
     NEWEST, PREVIOUS, STEPS, assert_same_run_as, logged_steps, one_error_line, train_argv)
 from t5lite import cli
@@ -267,11 +268,6 @@ def test_ten_sigkills_of_a_run_on_a_gcs_bucket_then_it_equals_the_local_run(
   assert_trees_equal(params, expected)
 
 
-def _upload_tree(folder, url: str) -> None:
-  for local in sorted(p for p in folder.rglob("*") if p.is_file()):
-    atomic.write_file(paths.join(url, local.relative_to(folder).as_posix()), local.read_bytes())
-
-
 def test_eval_and_infer_read_a_checkpoint_in_a_bucket_and_write_their_outputs_there(
     gcs_server, reliability_reference, tmp_path):
   """The local reference run copied to the bucket: eval and infer read it there (verified
@@ -299,7 +295,7 @@ def _eval_and_infer_on_a_bucket_and_on_disk(gcs_server, reliability_reference, t
   inputs.write_text("alpha beta\n\ngamma \u00e9\n{\"inputs\": \"delta\"}\n", encoding="utf-8")
   with gcs_server.activated():
     url = gcs_server.url(gcs_server.new_bucket(), "copied")
-    _upload_tree(reliability_reference, f"{url}/run")
+    upload_tree(reliability_reference, f"{url}/run")
     atomic.write_file(f"{url}/inputs.txt", inputs.read_bytes())
     outputs = {}
     for where, model_dir, source, target in (
@@ -322,7 +318,7 @@ def test_export_hf_and_import_hf_from_and_to_a_bucket_give_the_same_files_and_pa
     gcs_server, reliability_reference, tmp_path, capsys):
   with gcs_server.activated():
     url = gcs_server.url(gcs_server.new_bucket(), "models")
-    _upload_tree(reliability_reference, f"{url}/run")
+    upload_tree(reliability_reference, f"{url}/run")
     for where, run_dir, hf_dir, imported in (
         ("bucket", f"{url}/run", f"{url}/hf", f"{url}/imported"),
         ("local", str(reliability_reference), str(tmp_path / "hf"), str(tmp_path / "imported"))):

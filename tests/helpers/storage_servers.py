@@ -112,6 +112,13 @@ class StorageServer:
         _forget_cached_filesystems()
 
 
+def upload_tree(folder, url: str) -> None:
+  """Every file under the local `folder` as an object under `url`, at its relative path."""
+  from t5lite.util import atomic, paths
+  for local in sorted(p for p in folder.rglob("*") if p.is_file()):
+    atomic.write_file(paths.join(url, local.relative_to(folder).as_posix()), local.read_bytes())
+
+
 def _forget_cached_filesystems() -> None:
   """fsspec and epath cache filesystem objects, which keep the endpoint they were made with."""
   import fsspec
