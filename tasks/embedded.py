@@ -4,7 +4,8 @@ On first use, the docstrings and reference topics of t5lite.data.sources.stdlib_
 local TFDS array_record dataset `t5lite_stdlib_docs` (train / validation, 1 in 20 documents
 held out by a hash of its name), and a SentencePiece vocabulary is trained on the train
 split and cached beside it (`spiece.model`). Both live in $T5LITE_DATA_DIR (default
-~/.cache/t5lite/data), under the Python version, since docstrings change between versions.
+~/.cache/t5lite/data; a gs:// or s3:// URL is built once by the first host and copied to each
+host's local disk), under the Python version, since docstrings change between versions.
 The GPT-2 and BERT tasks train their own vocabularies on the same train split, on first use
 of each, and cache them beside spiece.model as t5lite vocabulary folders
 (`byte_level_bpe_4000/`, `wordpiece_4000/`; `t5lite.data.vocab.vocabularies.load_vocabulary`
@@ -30,7 +31,7 @@ import hashlib
 import os
 import sys
 
-from t5lite.util import atomic
+from t5lite.util import atomic, paths, staging
 from t5lite.data import preprocessors as pp
 from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
 from t5lite.data.objectives.chains import (causal_lm_preprocessors, mlm_preprocessors,
@@ -58,12 +59,11 @@ MLM_VOCAB_SIZE = 4000  # stdlib_mlm's WordPiece: 5 specials, ##-symbols, alphabe
 
 
 def data_dir() -> str:
-  """$T5LITE_DATA_DIR (else ~/.cache/t5lite/data)/pyXY: a local folder. The build is small and
-  the same on every host (the Python standard library's text), so each host builds its own;
-  a bucket URL is refused rather than taken for a local folder named gs:."""
+  """$T5LITE_DATA_DIR (else ~/.cache/t5lite/data)/pyXY: a local folder or a bucket URL (gs://,
+  s3://). In a bucket the first host to need the build publishes it and every host reads a
+  local copy of it (t5lite.util.staging.built)."""
   root = os.environ.get("T5LITE_DATA_DIR") or os.path.expanduser("~/.cache/t5lite/data")
-  atomic.check_local(root, "T5LITE_DATA_DIR")
-  return os.path.join(root, f"py{sys.version_info.major}{sys.version_info.minor}")
+  return paths.join(root, f"py{sys.version_info.major}{sys.version_info.minor}")
 
 
 @contextlib.contextmanager
@@ -84,26 +84,34 @@ def _is_validation(name: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def prepare() -> str:
-  """Builds the dataset and vocabulary once (a no-op when present); returns data_dir().
+  """Builds the dataset and vocabulary once (a no-op when present); returns the local folder
+  that holds them: data_dir(), or the local copy of a build in a bucket.
 
   Both are written under temporary names and renamed into place (t5lite.util.atomic), so a
   build killed halfway is rebuilt by the next call instead of breaking every later run."""
   directory = data_dir()
+  if paths.is_url(directory):
+    return staging.built(directory, _build)
   with _lock(directory):
     _remove_leftovers(directory)
-    documents = None
-    if not is_prepared_dir(os.path.join(directory, DATASET, VERSION)):
-      documents = stdlib_documents()
-      prepare_tfds_dataset(
-          DATASET, {"train": [d for d in documents if not _is_validation(d["name"])],
-                    "validation": [d for d in documents if _is_validation(d["name"])]},
-          directory, {"name": "text", "text": "text"}, VERSION,
-          description="Docstrings and reference topics of the Python standard library.")
-    model_path = os.path.join(directory, "spiece.model")
-    if not _is_model(model_path):
-      model = train_sentencepiece(_train_texts(documents), VOCAB_PIECES)
-      atomic.write_file(model_path, model)
+    _build(directory)
   return directory
+
+
+def _build(directory: str) -> None:
+  """Writes what `directory` lacks of the dataset and spiece.model."""
+  documents = None
+  if not is_prepared_dir(os.path.join(directory, DATASET, VERSION)):
+    documents = stdlib_documents()
+    prepare_tfds_dataset(
+        DATASET, {"train": [d for d in documents if not _is_validation(d["name"])],
+                  "validation": [d for d in documents if _is_validation(d["name"])]},
+        directory, {"name": "text", "text": "text"}, VERSION,
+        description="Docstrings and reference topics of the Python standard library.")
+  model_path = os.path.join(directory, "spiece.model")
+  if not _is_model(model_path):
+    model = train_sentencepiece(_train_texts(documents), VOCAB_PIECES)
+    atomic.write_file(model_path, model)
 
 
 def _train_texts(documents=None) -> list[str]:
@@ -122,12 +130,16 @@ def _is_vocabulary(path: str) -> bool:
 def _prepared_vocabulary(name: str, train) -> Vocabulary:
   """The vocabulary folder `name` beside spiece.model, trained by train(texts) on the train
   split once: built in a temporary folder and renamed into place (t5lite.util.atomic), so a
-  build killed halfway is rebuilt by the next call, as spiece.model is."""
+  build killed halfway is rebuilt by the next call, as spiece.model is (in a bucket: published
+  beside the dataset's build, as it is)."""
+  build = lambda tmp: train(_train_texts()).save(tmp)  # noqa: E731
+  if paths.is_url(data_dir()):
+    return load_vocabulary_dir(staging.built(paths.join(data_dir(), name), build))
   directory = prepare()
   target = os.path.join(directory, name)
   if not _is_vocabulary(target):
     with _lock(directory):
-      atomic.build_dir(target, lambda tmp: train(_train_texts()).save(tmp), _is_vocabulary)
+      atomic.build_dir(target, build, _is_vocabulary)
   return load_vocabulary_dir(target)
 
 

@@ -2,21 +2,27 @@
 
 Layout: CACHE_DIR/<task>/<split>/shard-WWWWW-of-NNNNN.array_record, each with a
 .json beside it (written last, so a shard without one is unfinished and never read); both
-are written under temporary names and renamed into place (t5lite.util.atomic).
+are written under temporary names and renamed into place (t5lite.util.atomic). CACHE_DIR may be
+a bucket (gs://, s3://): a shard is written on local disk, then uploaded as one object, its
+.json after it (one object upload is atomic by itself); readers copy each shard to the local
+object cache once (t5lite.util.staging.local_copy), as array_record reads local files only.
 Examples are msgpack (flax.serialization): numpy arrays, strings and numbers, no pickle.
 Worker w of N caches source indices w, w+N, ...; N workers can be N hosts.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import shutil
+import tempfile
 
 import grain
 from array_record.python import array_record_data_source, array_record_module
 from flax import serialization
 
-from t5lite.util import atomic
+from t5lite.util import atomic, paths, staging
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
@@ -30,7 +36,7 @@ def cache_root(cache_dir: str | None = None) -> str:
 
 
 def task_cache_dir(task: Task, split: str, cache_dir: str | None = None) -> str:
-  return os.path.join(cache_root(cache_dir), task.name, split)
+  return paths.join(cache_root(cache_dir), task.name, split)
 
 
 def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_index: int = 0,
@@ -42,19 +48,14 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   if not 0 <= worker_index < num_workers:
     raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
   out_dir = task_cache_dir(task, split, cache_dir)
-  atomic.check_local(out_dir)  # before makedirs makes a local folder named gs:
-  os.makedirs(out_dir, exist_ok=True)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)
   ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))
   steps = list(enumerate(task.preprocessors))[:task.cache_index]
   ds = apply_preprocessors(ds.to_iter_dataset(), task, steps, sequence_length=None,
                            seed=derive_seed("cache", task.name, split))
-  # A temporary name of this process alone: two workers given the same index (or a rerun
-  # while a killed one's file lies there) never write into one file.
-  atomic.remove_stale(out_dir)
   count = 0
-  with atomic.writing(os.path.join(out_dir, name + ".array_record")) as tmp:
+  with _shard_path(out_dir, name + ".array_record") as tmp:
     writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
     for example in ds:
       writer.write(serialization.msgpack_serialize(dict(example)))
@@ -62,8 +63,30 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
     writer.close()
   info = {"task": task.name, "split": split, "examples": count, "worker_index": worker_index,
           "num_workers": num_workers, "source_examples": len(source)}
-  atomic.write_file(os.path.join(out_dir, name + ".json"), json.dumps(info))
+  atomic.write_file(paths.join(out_dir, name + ".json"), json.dumps(info))
   return info
+
+
+@contextlib.contextmanager
+def _shard_path(out_dir: str, name: str):
+  """A local path of this process alone to write the shard at, put in place as out_dir/name
+  when the block ends: renamed on a local disk, uploaded as one object to a bucket. Two
+  workers given the same index (or a rerun while a killed one's file lies there) never write
+  into one file."""
+  if not paths.is_url(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    atomic.remove_stale(out_dir)
+    with atomic.writing(os.path.join(out_dir, name)) as tmp:
+      yield tmp
+    return
+  local = tempfile.mkdtemp(prefix="t5lite-cache-")
+  try:
+    yield os.path.join(local, name)
+    with open(os.path.join(local, name), "rb") as f, paths.open_binary(
+        paths.join(out_dir, name), "wb") as out:
+      shutil.copyfileobj(f, out, 8 << 20)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
 
 
 class CachedSource:
@@ -103,12 +126,13 @@ def cached_source(task: Task, split: str, cache_dir: str | None = None) -> Cache
   if task.cache_index is None:
     raise ConfigError(f"USE_CACHED_TASKS is on but task {task.name!r} has no CACHE_POINT")
   directory = task_cache_dir(task, split, cache_dir)
-  infos = sorted(glob.glob(os.path.join(directory, "shard-*.json")))
+  pattern = paths.join(directory, "shard-*.json")
+  infos = paths.glob_files(pattern) if paths.is_url(directory) else sorted(glob.glob(pattern))
   how = f"run `t5lite cache {task.name} --split {split}` (or turn USE_CACHED_TASKS off)"
   if not infos:
     raise ConfigFileNotFoundError(
         f"no cache for task {task.name!r} split {split!r} in {directory}: {how}")
-  counts = sorted({int(os.path.basename(p).split("-of-")[1].split(".")[0]) for p in infos})
+  counts = sorted({int(paths.basename(p).split("-of-")[1].split(".")[0]) for p in infos})
   if len(counts) > 1:
     raise ConfigFileNotFoundError(
         f"cache of {task.name!r} split {split!r} in {directory} mixes shards of runs with "
@@ -120,8 +144,8 @@ def cached_source(task: Task, split: str, cache_dir: str | None = None) -> Cache
   meta = []
   for path in infos:
     try:
-      with open(path) as f:
-        meta.append(json.load(f))
+      meta.append(json.loads(paths.read_text(path)))
     except ValueError:  # cut short by a killed run of older code (now written atomically)
       raise ConfigFileNotFoundError(f"cache shard info {path} is unreadable: {how}") from None
-  return CachedSource([p[:-len(".json")] + ".array_record" for p in infos], meta)
+  return CachedSource([staging.local_copy(p[:-len(".json")] + ".array_record") for p in infos],
+                      meta)

@@ -28,16 +28,14 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|trash)-(?P<host>[A-Za-z0-9_.]
 STALE_SECONDS = 24 * 3600
 
 
-def check_local(target: str, what: str | None = None) -> None:
+def check_local(target: str) -> None:
   """Refuses a bucket URL where a local folder is written and renamed (os.path would take
-  gs://B/x for a relative folder named gs:). what: the setting that named it."""
+  gs://B/x for a relative folder named gs:)."""
   from t5lite.util import storage
   if storage.is_url(target):
     from t5lite.errors import ConfigError
-    named = f"{what}={target}" if what else target
-    raise ConfigError(f"{named}: this is built on local disk (written, then renamed into "
-                      "place), not in a bucket: name a local folder (the task cache: "
-                      "T5LITE_CACHE_DIR; TFDS data: its data_dir) and copy it up if needed")
+    raise ConfigError(f"{target}: this is built on local disk (written, then renamed into "
+                      "place), not in a bucket: name a local folder and copy it up if needed")
 
 
 def temp_path(target: str, kind: str = "tmp") -> str:

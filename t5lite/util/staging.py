@@ -11,6 +11,9 @@ jax.export), which take local paths only.
 C++ reader, TFDS's array_record data sources): the object is copied, streamed, into a cache
 folder on the local disk once per version of it (its GCS generation or S3 ETag), and reused.
 
+`built(url, build)` is a first-use build (a dataset, a vocabulary, a task cache) kept in a bucket:
+built once by whichever host gets there first, then mirrored to each host's local disk.
+
 An upload writes every file as one object, and orbax's commit markers (`commit_success.txt`)
 last, so a copy cut short leaves no checkpoint step that looks committed; the other files of
 an export are readable as soon as they land, as with `gsutil cp -r`. Temporary folders are
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import secrets
 import shutil
 import tempfile
 from typing import Callable, Iterator
@@ -144,3 +148,56 @@ def local_copy(url: str) -> str:
     shutil.copyfileobj(source, f, 8 << 20)
   atomic.write_file(stamp, version)
   return local
+
+
+BUILT_MARKER = "BUILT"
+
+
+def built(url: str, build: Callable[[str], None]) -> str:
+  """A local folder holding the build published at the bucket prefix `url`; when none is
+  published yet, build(folder) writes one here and it is published first.
+
+  A bucket has no folder rename to publish a build with, so the builder uploads its files
+  under a prefix of its own (`url/build-RANDOM/...`) and then creates `url/BUILT`, naming that
+  prefix, only if no BUILT exists (GCS `ifGenerationMatch=0`, S3 `If-None-Match: *`): of two
+  hosts building at once exactly one publishes, the other deletes its upload and uses the
+  winner's; a build killed before BUILT leaves only an unnamed prefix, which no reader follows
+  (it may be deleted). Each host then copies the published prefix once into object_cache()
+  (a folder renamed into place whole) and reads it there, as TFDS and array_record read local
+  files only.
+  """
+  marker = paths.join(url, BUILT_MARKER)
+  published = storage.read_versioned(marker)
+  if published is None:
+    _build_and_publish(url, marker, build)
+    published = storage.read_versioned(marker)
+    if published is None:
+      raise FileNotFoundError(f"{marker}: published, then gone (deleted by someone else?)")
+  prefix = published[0].decode("utf-8").strip()
+  source = paths.join(url, *_parts(prefix, marker))
+
+  def mirror(local: str) -> None:
+    for rel in paths.files_under(source):
+      target = os.path.join(local, *_parts(rel, source))
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      with paths.open_binary(paths.join(source, rel)) as f, open(target, "wb") as out:
+        shutil.copyfileobj(f, out, 8 << 20)
+
+  return atomic.build_dir(cache_path(source), mirror, os.path.isdir)
+
+
+def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> None:
+  local = tempfile.mkdtemp(prefix="t5lite-build-")
+  prefix = f"build-{secrets.token_hex(8)}"
+  uploaded, won = [], False
+  try:
+    build(local)
+    for rel in paths.files_under(local):
+      uploaded.append(paths.join(url, prefix, rel))
+      atomic.write_file(uploaded[-1], pathlib.Path(local, rel).read_bytes())
+    won = storage.create_exclusive(marker, prefix.encode("utf-8")) is not None
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+    if not won:  # another host published first (or this build failed): its upload is unused
+      for object_url in uploaded:
+        paths.remove(object_url)

