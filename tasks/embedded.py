@@ -91,7 +91,7 @@ def prepare() -> str:
   build killed halfway is rebuilt by the next call instead of breaking every later run."""
   directory = data_dir()
   if paths.is_url(directory):
-    return staging.built(directory, _build)
+    return staging.built(directory, _build, "T5LITE_DATA_DIR")
   with _lock(directory):
     _remove_leftovers(directory)
     _build(directory)
@@ -134,7 +134,8 @@ def _prepared_vocabulary(name: str, train) -> Vocabulary:
   beside the dataset's build, as it is)."""
   build = lambda tmp: train(_train_texts()).save(tmp)  # noqa: E731
   if paths.is_url(data_dir()):
-    return load_vocabulary_dir(staging.built(paths.join(data_dir(), name), build))
+    return load_vocabulary_dir(staging.built(paths.join(data_dir(), name), build,
+                                             "T5LITE_DATA_DIR"))
   directory = prepare()
   target = os.path.join(directory, name)
   if not _is_vocabulary(target):

@@ -140,3 +140,17 @@ def test_a_task_cache_in_a_bucket_reads_the_same_examples_as_on_disk(
     assert sorted(got) == sorted(want)
     for key in want:
       np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_a_missing_bucket_is_refused_in_one_line_before_anything_is_built(
+    bucket, object_cache, monkeypatch):
+  import train_tasks  # noqa: F401 (registers train_test_sc)
+  from t5lite.errors import ConfigError
+  _, url = bucket
+  missing = url.replace("t5lite-", "missing-")
+  with pytest.raises(ConfigError, match=f"T5LITE_DATA_DIR {missing}/x(: .*does not exist| is not writable)"):
+    staging.built(f"{missing}/x", lambda folder: pytest.fail("built"), "T5LITE_DATA_DIR")
+  monkeypatch.setattr(cache, "apply_preprocessors", lambda *a, **k: pytest.fail("cached"))
+  with pytest.raises(ConfigError, match=f"the task cache {missing}/tasks/train_test_sc/train "
+                     "is not writable"):
+    cache.cache_task(TaskRegistry.get("train_test_sc"), "train", f"{missing}/tasks")

@@ -22,7 +22,7 @@ import grain
 from array_record.python import array_record_data_source, array_record_module
 from flax import serialization
 
-from t5lite.util import atomic, paths, staging
+from t5lite.util import atomic, paths, staging, storage
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
@@ -48,6 +48,8 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   if not 0 <= worker_index < num_workers:
     raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
   out_dir = task_cache_dir(task, split, cache_dir)
+  if paths.is_url(out_dir):  # refused in one line before the work, not after it
+    storage.check_writable(out_dir, "the task cache")
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)
   ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))

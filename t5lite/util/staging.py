@@ -153,7 +153,7 @@ def local_copy(url: str) -> str:
 BUILT_MARKER = "BUILT"
 
 
-def built(url: str, build: Callable[[str], None]) -> str:
+def built(url: str, build: Callable[[str], None], what: str = "a first-use build") -> str:
   """A local folder holding the build published at the bucket prefix `url`; when none is
   published yet, build(folder) writes one here and it is published first.
 
@@ -164,11 +164,16 @@ def built(url: str, build: Callable[[str], None]) -> str:
   winner's; a build killed before BUILT leaves only an unnamed prefix, which no reader follows
   (it may be deleted). Each host then copies the published prefix once into object_cache()
   (a folder renamed into place whole) and reads it there, as TFDS and array_record read local
-  files only.
+  files only. A bucket that is missing or not writable is refused (ConfigError naming `what`
+  and the URL) before anything is built.
   """
   marker = paths.join(url, BUILT_MARKER)
-  published = storage.read_versioned(marker)
+  try:
+    published = storage.read_versioned(marker)
+  except ConfigError as e:  # e.g. S3: no such bucket
+    raise ConfigError(f"{what} {url}: {e}") from None
   if published is None:
+    storage.check_writable(url, what)
     _build_and_publish(url, marker, build)
     published = storage.read_versioned(marker)
     if published is None:
