@@ -89,3 +89,35 @@ def test_mixture_rates_and_nested_mixtures(clean_registry):
   assert rates == [("reg_a", 0.666667), ("reg_b", 0.333333), ("reg_a", 1.0)]
   with pytest.raises(ValueError, match="no rate and no default_rate"):
     Mixture("reg_bad", ["reg_a"]).task_rates()
+
+
+# T5's multi-task mixing (the paper's Section 3.5.2) over a C4-sized unsupervised task and five
+# GLUE training sets (MNLI, QQP, SST-2, CoLA, RTE): docs/tasks.md shows these rates.
+T5_SIZES = {"reg_c4": 2**24, "reg_mnli": 392_702, "reg_qqp": 363_846, "reg_sst2": 67_349,
+            "reg_cola": 8_551, "reg_rte": 2_490}
+
+
+@pytest.mark.parametrize("maximum, temperature, scale, shown", [
+    (None, 1.0, 1.0, [95.26, 2.23, 2.07, 0.38, 0.05, 0.01]),
+    (2**21, 1.0, 1.0, [71.52, 13.39, 12.41, 2.30, 0.29, 0.08]),
+    (2**21, 2.0, 1.0, [47.02, 20.35, 19.58, 8.43, 3.00, 1.62]),
+    (2**21, 8.0, 1.0, [23.82, 19.32, 19.13, 15.50, 11.97, 10.26]),
+    (2**19, 3.0, 7.5, None)])  # scale before the clip, as seqio: 7.5 * RTE's 2,490 < 2**19
+def test_mixture_temperature_gives_seqio_rates(clean_registry, maximum, temperature, scale,
+                                               shown):
+  """seqio.mixing_rate_num_examples, re-derived: n * scale, clipped at maximum, to 1 / T."""
+  import functools
+  for name, n in T5_SIZES.items():
+    add_task(name, {"train": range(n)}, FEATURES)
+  rate = functools.partial(rate_num_examples, maximum=maximum, temperature=temperature,
+                           scale=scale)
+  add_mixture("reg_t5_mix", [(name, rate) for name in T5_SIZES])
+  got = np.array([r for _, r in MixtureRegistry.get("reg_t5_mix").task_rates()])
+  n = np.array(list(T5_SIZES.values()), np.float64) * scale
+  want = (np.minimum(n, maximum) if maximum else n) ** (1.0 / temperature)
+  np.testing.assert_allclose(got, want, rtol=1e-12)
+  np.testing.assert_allclose(got / got.sum(), want / want.sum(), atol=1e-6)
+  if shown is not None:
+    np.testing.assert_allclose(100 * got / got.sum(), shown, atol=0.005)
+  with pytest.raises(ValueError, match="temperature 0 must be > 0"):
+    rate_num_examples(TaskRegistry.get("reg_rte"), temperature=0)

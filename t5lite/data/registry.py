@@ -147,10 +147,22 @@ class Mixture:
 
 
 def rate_num_examples(task: Task, split: str = "train", maximum: int | None = None,
-                      scale: float = 1.0) -> float:
-  """Rate proportional to a task's number of examples (T5's examples-proportional mixing)."""
-  n = len(task.get_source(split))
-  return scale * (min(n, maximum) if maximum else n)
+                      scale: float = 1.0, temperature: float = 1.0) -> float:
+  """A task's rate from its number of examples, as seqio's `mixing_rate_num_examples`:
+  n * scale, clipped at `maximum`, then raised to 1 / temperature. With temperature 1 this is
+  T5's examples-proportional mixing (the paper's artificial dataset size limit K is
+  `maximum`); with temperature T > 1 it is T5's temperature-scaled mixing, which moves the
+  rates toward equal (T5 used K = 2**21 and T = 2, 4 or 8). Pass the options with
+  functools.partial: `(name, functools.partial(rate_num_examples, maximum=2**21,
+  temperature=2.0))`. n is the task's source examples in `split` (what seqio falls back to
+  for a task that is not cached)."""
+  if not temperature > 0:
+    raise ConfigError(f"rate_num_examples of task {task.name!r}: temperature {temperature!r} "
+                      "must be > 0 (1.0: proportional to the example counts)")
+  rate = len(task.get_source(split)) * scale
+  if maximum:
+    rate = min(rate, maximum)
+  return rate ** (1.0 / temperature) if temperature != 1.0 else rate
 
 
 def validate_name(name: str, kind: str) -> None:
