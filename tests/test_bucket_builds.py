@@ -148,7 +148,8 @@ def test_a_missing_bucket_is_refused_in_one_line_before_anything_is_built(
   from t5lite.errors import ConfigError
   _, url = bucket
   missing = url.replace("t5lite-", "missing-")
-  with pytest.raises(ConfigError, match=f"T5LITE_DATA_DIR {missing}/x(: .*does not exist| is not writable)"):
+  refused = f"T5LITE_DATA_DIR {missing}/x(: .*does not exist| is not writable)"
+  with pytest.raises(ConfigError, match=refused):
     staging.built(f"{missing}/x", lambda folder: pytest.fail("built"), "T5LITE_DATA_DIR")
   monkeypatch.setattr(cache, "apply_preprocessors", lambda *a, **k: pytest.fail("cached"))
   with pytest.raises(ConfigError, match=f"the task cache {missing}/tasks/train_test_sc/train "

@@ -307,7 +307,7 @@ def test_bad_vocab_files_name_the_file_and_the_fix(tmp_path, bpe):
   write(tmp_path / "h" / "tokenizer_config.json", "{oops")
   with pytest.raises(ConfigError, match="tokenizer_config.json is not JSON"):
     load_vocabulary(tmp_path / "h")
-  with pytest.raises(FileNotFoundError, match="vocab.txt, or vocab.json"):
+  with pytest.raises(FileNotFoundError, match="merges.txt or tokenizer.json"):
     load_vocabulary(tmp_path / "empty")
 
 

@@ -75,8 +75,8 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
   vocabulary = hf_vocabulary(source)
   if vocabulary is None:
     warnings.warn(f"{source} has no tokenizer files t5lite reads (spiece.model, ByT5, "
-                  "vocab.txt, vocab.json + merges.txt): the MODEL_DIR gets no vocabulary, so "
-                  "eval and infer will need T5LITE_VOCAB")
+                  "vocab.txt, vocab.json + merges.txt, tokenizer.json): the MODEL_DIR gets no "
+                  "vocabulary, so eval and infer will need T5LITE_VOCAB")
   path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
   return {"import": "hf", "from": os.path.abspath(source), "out": os.path.abspath(out),
           "checkpoint": path, "param_dtype": config.param_dtype,
@@ -144,9 +144,10 @@ def import_peft(source: str, base: str, out: str) -> dict:
 
 def hf_vocabulary(source: str):
   """The vocabulary of an HF directory: spiece.model (extra ids from tokenizer_config.json,
-  else T5's 100), ByT5's bytes, BERT's vocab.txt or GPT-2 / RoBERTa's vocab.json +
-  merges.txt; None when none is there."""
+  else T5's 100), ByT5's bytes, BERT's vocab.txt, GPT-2 / RoBERTa's vocab.json + merges.txt,
+  or any other fast tokenizer's tokenizer.json (LLaMA, Mistral, ...); None when none is there."""
   from t5lite.data.vocab.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
+  from t5lite.data.vocab.tokenizer_json import TokenizerJsonVocabulary
   from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary
   # Both are refused if they are symlinks out of `source` (limits.file_inside).
   config_path = limits.file_inside(source, "tokenizer_config.json")
@@ -170,7 +171,9 @@ def hf_vocabulary(source: str):
   # folder (never a vocabulary.json in it, whose file names could point anywhere); each file
   # is refused if a symlink leads out of `source`, as the files above.
   for kind, names in ((WordPieceVocabulary, ("vocab.txt",)),
-                      (ByteLevelBPEVocabulary, ("vocab.json", "merges.txt"))):
+                      (ByteLevelBPEVocabulary, ("vocab.json", "merges.txt")),
+                      (TokenizerJsonVocabulary, ("tokenizer.json",))):
+    limits.file_inside(source, "special_tokens_map.json")  # (read for the special tokens)
     paths = [limits.file_inside(source, name) for name in names]
     if all(p is not None and os.path.isfile(p) for p in paths):
       return kind._load_hf_directory(pathlib.Path(source))

@@ -301,7 +301,7 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
   """Reads what Vocabulary.save wrote. A directory without vocabulary.json loads as the HF
   tokenizer it holds: spiece.model (a T5 checkpoint) as SentencePieceVocabulary with 100
   extra ids, like T5Tokenizer; vocab.txt (BERT) or vocab.json + merges.txt (GPT-2, RoBERTa)
-  as hf_vocabularies reads them. `directory` may be a bucket URL (gs://, s3://)."""
+  as hf_vocabularies reads them; else tokenizer.json (LLaMA, ...) as tokenizer_json does. `directory` may be a bucket URL (gs://, s3://)."""
   directory = storage.path(directory)
   config_path = directory / CONFIG_FILE
   if not config_path.is_file():
@@ -312,7 +312,8 @@ def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
       if vocabulary is not None:
         return vocabulary
     raise ConfigFileNotFoundError(f"no {CONFIG_FILE} or {SPIECE_FILE} in {directory} (nor an "
-                                  "HF tokenizer's vocab.txt, or vocab.json + merges.txt)")
+                                  "HF tokenizer's vocab.txt, vocab.json + merges.txt or "
+                                  "tokenizer.json)")
   try:
     config = json.loads(config_path.read_text())
     kind, _ = config.get("kind"), config["extra_ids"]  # every kind's file has extra_ids

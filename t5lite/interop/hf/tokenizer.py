@@ -37,7 +37,8 @@ a ByteLevelBPEVocabulary as GPT2Tokenizer's (or, with RoBERTa's specials,
 RobertaTokenizer's) vocab.json + merges.txt, each with tokenizer.json (our tokenizer plus
 the post-processor HF's class adds: `[CLS] $A [SEP]`, `<s> $A </s>`, nothing for GPT-2),
 tokenizer_config.json and special_tokens_map.json. transformers' AutoTokenizer loads them
-and encodes as the vocabulary does.
+and encodes as the vocabulary does. A TokenizerJsonVocabulary (an imported LLaMA's, ...) is
+written back as it came: its tokenizer.json unchanged, with its special tokens' roles.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from sentencepiece import sentencepiece_model_pb2 as spm_pb2
 from tokenizers import Tokenizer, processors
 
 from t5lite.data.vocab.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
+from t5lite.data.vocab.tokenizer_json import TokenizerJsonVocabulary
 from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary, Vocabulary
 from t5lite.errors import ConfigError
 
@@ -58,6 +60,14 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>
 
 def write_hf_tokenizer(vocabulary: Vocabulary, out: str, *, model_max_length: int = 512) -> list[str]:
   """Writes the tokenizer files of `vocabulary` into `out`; returns the file names."""
+  if isinstance(vocabulary, TokenizerJsonVocabulary):  # imported from HF: as it came
+    specials = {_HF_ROLE[role]: token for role, token in vocabulary.roles.items()}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
+              "model_max_length": model_max_length}
+    return _write_files(out, {
+        "tokenizer.json": vocabulary.tokenizer_json,
+        "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False),
+        "special_tokens_map.json": json.dumps(specials, indent=2, ensure_ascii=False)})
   if isinstance(vocabulary, (WordPieceVocabulary, ByteLevelBPEVocabulary)):
     return _write_files(out, _tokenizers_files(vocabulary, model_max_length))
   extras = [f"<extra_id_{i}>" for i in range(vocabulary.extra_ids)]
