@@ -48,8 +48,11 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   if not 0 <= worker_index < num_workers:
     raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
   out_dir = task_cache_dir(task, split, cache_dir)
-  if paths.is_url(out_dir):  # refused in one line before the work, not after it
+  # A bad place is refused in one line before the source is built or read, not after.
+  if paths.is_url(out_dir):
     storage.check_writable(out_dir, "the task cache")
+  else:
+    os.makedirs(out_dir, exist_ok=True)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)
   ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))
@@ -76,7 +79,6 @@ def _shard_path(out_dir: str, name: str):
   workers given the same index (or a rerun while a killed one's file lies there) never write
   into one file."""
   if not paths.is_url(out_dir):
-    os.makedirs(out_dir, exist_ok=True)
     atomic.remove_stale(out_dir)
     with atomic.writing(os.path.join(out_dir, name)) as tmp:
       yield tmp
