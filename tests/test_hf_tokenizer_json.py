@@ -1,8 +1,9 @@
 """HF tokenizers that come as tokenizer.json only (t5lite.data.vocab.tokenizer_json): a
 LLaMA-2 tokenizer (SentencePiece BPE converted by transformers' LlamaTokenizerFast) and a
 byte-level BPE saved as a plain PreTrainedTokenizerFast encode and decode as HF's; `t5lite
-import hf` of a LLaMA folder carries its tokenizer into MODEL_DIR, and `t5lite infer` then
-prints what HF's generate + decode give."""
+import hf` of a LLaMA folder carries its tokenizer into MODEL_DIR (tokenizer.json, or an older
+folder's tokenizer.model, converted), and `t5lite infer` then prints what HF's generate +
+decode give."""
 import json
 import pickle
 
@@ -130,6 +131,16 @@ def test_import_hf_of_a_llama_folder_brings_its_tokenizer_and_infer_equals_hf(tm
   assert got == want
   assert any(text.strip() for text in want)  # the comparison is of real text
   assert json.loads((out / "vocabulary.json").read_text())["vocab_size"] == len(hf_tokenizer)
+  # An older folder with tokenizer.model alone: converted on import as AutoTokenizer does.
+  source = tmp_path / "llama_source"
+  assert not (source / "tokenizer.json").exists()
+  model.save_pretrained(source)
+  assert cli.main(["import", "hf", "--from", str(source), "--out", str(tmp_path / "old")]) == 0
+  converted = load_vocabulary(tmp_path / "old")
+  assert isinstance(converted, TokenizerJsonVocabulary)
+  assert (converted.bos_id, converted.eos_id, converted.unk_id) == (1, 2, 0)
+  for text in TEXTS + prompts:
+    assert converted.encode(text).tolist() == hf_tokenizer(text, add_special_tokens=False).input_ids
   # `export hf` writes the tokenizer back as it came: HF loads it and encodes the same.
   assert cli.main(["export", "hf", "--checkpoint", str(out), "--out", str(tmp_path / "hf")]) == 0
   exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

@@ -145,7 +145,8 @@ def import_peft(source: str, base: str, out: str) -> dict:
 def hf_vocabulary(source: str):
   """The vocabulary of an HF directory: spiece.model (extra ids from tokenizer_config.json,
   else T5's 100), ByT5's bytes, BERT's vocab.txt, GPT-2 / RoBERTa's vocab.json + merges.txt,
-  or any other fast tokenizer's tokenizer.json (LLaMA, Mistral, ...); None when none is there."""
+  any other fast tokenizer's tokenizer.json (LLaMA, Mistral, ...), or LLaMA's tokenizer.model
+  alone (converted by transformers); None when none is there."""
   from t5lite.data.vocab.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
   from t5lite.data.vocab.tokenizer_json import TokenizerJsonVocabulary
   from t5lite.data.vocab.vocabularies import ByteVocabulary, SentencePieceVocabulary
@@ -177,4 +178,30 @@ def hf_vocabulary(source: str):
     paths = [limits.file_inside(source, name) for name in names]
     if all(p is not None and os.path.isfile(p) for p in paths):
       return kind._load_hf_directory(pathlib.Path(source))
+  model = limits.file_inside(source, "tokenizer.model")
+  if model is not None and os.path.isfile(model):
+    return _converted_tokenizer_model(source)
   return None
+
+
+def _converted_tokenizer_model(source: str):
+  """A folder with LLaMA's tokenizer.model but no tokenizer.json (older checkpoints): the fast
+  tokenizer transformers makes of it, as AutoTokenizer does when it loads the folder (its
+  converter is the reference; t5lite does not rewrite it). Without transformers: a warning
+  naming the fix, and None."""
+  from t5lite.data.vocab.tokenizer_json import TokenizerJsonVocabulary
+  try:
+    import transformers
+  except ImportError:
+    warnings.warn(f"{source} has a tokenizer.model but no tokenizer.json: install transformers "
+                  "(pip install transformers) to convert it on import, or save the tokenizer "
+                  "with transformers first")
+    return None
+  tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+  if not hasattr(tokenizer, "backend_tokenizer"):
+    raise ConfigError(f"{source}/tokenizer.model: transformers loads it as "
+                      f"{type(tokenizer).__name__}, which has no tokenizer.json form")
+  roles = {key[:-len("_token")]: token for key, token in tokenizer.special_tokens_map.items()
+           if key.endswith("_token") and isinstance(token, str)}
+  return TokenizerJsonVocabulary(tokenizer.backend_tokenizer.to_str(), roles,
+                                 os.path.join(source, "tokenizer.model"))

@@ -19,8 +19,9 @@ decode(skip_special_tokens=True) does.
   (1, 2, 0, None)
   >>> v.save("out")  # out/vocabulary.json (kind "tokenizer_json", the roles) + tokenizer.json
 
-`tokenizer.model` (LLaMA's SentencePiece file) is not read: transformers converts it into the
-same tokenizer.json, which every such checkpoint ships.
+A folder with LLaMA's SentencePiece `tokenizer.model` but no tokenizer.json (older
+checkpoints) is converted on `t5lite import hf` by transformers, as AutoTokenizer converts
+it, into this kind (t5lite.cli.imports).
 """
 from __future__ import annotations
 
