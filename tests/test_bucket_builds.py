@@ -10,6 +10,7 @@ import pytest
 
 from t5lite.data import cache
 from t5lite.data.registry import TaskRegistry
+from t5lite.errors import ConfigFileNotFoundError
 from t5lite.util import paths, staging, storage
 from t5lite_tasks import embedded
 
@@ -126,7 +127,7 @@ def test_a_task_cache_in_a_bucket_reads_the_same_examples_as_on_disk(
   task = TaskRegistry.get("train_test_sc")
   where = {"bucket": paths.join(url, "tasks"), "disk": str(tmp_path / "tasks")}
   for cache_dir in where.values():
-    with pytest.raises(Exception, match="no cache for task 'train_test_sc'"):
+    with pytest.raises(ConfigFileNotFoundError, match="no cache for task 'train_test_sc'"):
       cache.cached_source(task, "train", cache_dir)
     for worker in (1, 0):
       cache.cache_task(task, "train", cache_dir, worker_index=worker, num_workers=2)
