@@ -168,13 +168,13 @@ def hf_vocabulary(source: str):
     return SentencePieceVocabulary(spiece, 100 if extra_ids is None else extra_ids)
   if tokenizer_config.get("tokenizer_class") == "ByT5Tokenizer":
     return ByteVocabulary(125 if extra_ids is None else extra_ids)  # ByT5's default
+  limits.file_inside(source, "special_tokens_map.json")  # read by tokenizer.json's kind
   # BERT's vocab.txt, or GPT-2 / RoBERTa's vocab.json + merges.txt, read as an HF tokenizer
   # folder (never a vocabulary.json in it, whose file names could point anywhere); each file
   # is refused if a symlink leads out of `source`, as the files above.
   for kind, names in ((WordPieceVocabulary, ("vocab.txt",)),
                       (ByteLevelBPEVocabulary, ("vocab.json", "merges.txt")),
                       (TokenizerJsonVocabulary, ("tokenizer.json",))):
-    limits.file_inside(source, "special_tokens_map.json")  # (read for the special tokens)
     paths = [limits.file_inside(source, name) for name in names]
     if all(p is not None and os.path.isfile(p) for p in paths):
       return kind._load_hf_directory(pathlib.Path(source))

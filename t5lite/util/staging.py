@@ -52,10 +52,7 @@ def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
   root = tempfile.mkdtemp(prefix="t5lite-download-")
   local = os.path.join(root, paths.basename(source.rstrip("/"))) if keep_name else root
   try:
-    for rel in names:
-      target = os.path.join(local, *_parts(rel, source))
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      pathlib.Path(target).write_bytes(paths.read_bytes(paths.join(source, rel)))
+    _fetch_tree(source, names, local)
     yield local
   finally:
     shutil.rmtree(root, ignore_errors=True)
@@ -83,12 +80,29 @@ def upload(destination: str) -> Iterator[str]:
   local = tempfile.mkdtemp(prefix="t5lite-upload-")
   try:
     yield local
-    files = sorted(p.relative_to(local).as_posix() for p in pathlib.Path(local).rglob("*")
-                   if p.is_file())
-    for rel in sorted(files, key=lambda rel: (rel.rsplit("/", 1)[-1] == COMMIT_MARKER, rel)):
-      atomic.write_file(paths.join(destination, rel), pathlib.Path(local, rel).read_bytes())
+    _put_tree(local, destination)
   finally:
     shutil.rmtree(local, ignore_errors=True)
+
+
+def _fetch_tree(source: str, names: list[str], local: str) -> None:
+  """Streams the objects `names` (relative to the URL `source`) into the folder `local`."""
+  for rel in names:
+    target = os.path.join(local, *_parts(rel, source))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with paths.open_binary(paths.join(source, rel)) as f, open(target, "wb") as out:
+      shutil.copyfileobj(f, out, 8 << 20)
+
+
+def _put_tree(local: str, destination: str, uploaded: list[str] | None = None) -> None:
+  """Every file under the folder `local` as one object under `destination`, commit markers
+  last; each object's URL is appended to `uploaded` as soon as it is written."""
+  files = paths.files_under(local)
+  for rel in sorted(files, key=lambda rel: (rel.rsplit("/", 1)[-1] == COMMIT_MARKER, rel)):
+    url = paths.join(destination, rel)
+    if uploaded is not None:
+      uploaded.append(url)
+    atomic.write_file(url, pathlib.Path(local, rel).read_bytes())
 
 
 def renamed(report, local: str, destination: str):
@@ -180,15 +194,9 @@ def built(url: str, build: Callable[[str], None], what: str = "a first-use build
       raise FileNotFoundError(f"{marker}: published, then gone (deleted by someone else?)")
   prefix = published[0].decode("utf-8").strip()
   source = paths.join(url, *_parts(prefix, marker))
-
-  def mirror(local: str) -> None:
-    for rel in paths.files_under(source):
-      target = os.path.join(local, *_parts(rel, source))
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      with paths.open_binary(paths.join(source, rel)) as f, open(target, "wb") as out:
-        shutil.copyfileobj(f, out, 8 << 20)
-
-  return atomic.build_dir(cache_path(source), mirror, os.path.isdir)
+  return atomic.build_dir(cache_path(source),
+                          lambda local: _fetch_tree(source, paths.files_under(source), local),
+                          os.path.isdir)
 
 
 def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> None:
@@ -197,9 +205,7 @@ def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> N
   uploaded, won = [], False
   try:
     build(local)
-    for rel in paths.files_under(local):
-      uploaded.append(paths.join(url, prefix, rel))
-      atomic.write_file(uploaded[-1], pathlib.Path(local, rel).read_bytes())
+    _put_tree(local, paths.join(url, prefix), uploaded)
     won = storage.create_exclusive(marker, prefix.encode("utf-8")) is not None
   finally:
     shutil.rmtree(local, ignore_errors=True)

@@ -61,11 +61,11 @@ class TokenizerJsonVocabulary(_TokenizersVocabulary):
     super().__init__(tokens, where)
     self._text, self._roles = text, dict(roles)
     for role, token in self._roles.items():
-      if role not in SPECIAL_ROLES or token not in self._ids:
-        raise ConfigError(f"{where}: {role}_token {token!r} is not one of its tokens"
-                          if role in SPECIAL_ROLES else
-                          f"{where}: unknown special-token role {role!r}; roles are "
+      if role not in SPECIAL_ROLES:
+        raise ConfigError(f"{where}: unknown special-token role {role!r}; roles are "
                           f"{', '.join(SPECIAL_ROLES)}")
+      if token not in self._ids:
+        raise ConfigError(f"{where}: {role}_token {token!r} is not one of its tokens")
     self._finish(tokenizer, self._roles)
 
   @classmethod
