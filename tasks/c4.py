@@ -26,7 +26,8 @@ from typing import Sequence
 
 from t5lite.data import preprocessors as pp
 from t5lite.data.registry import CACHE_POINT, Feature, add_task
-from t5lite.data.sources.readers import JsonlSource, TfdsSource
+from t5lite.data.sources.readers import TfdsSource
+from t5lite.data.sources.streams import JsonlStream
 from t5lite.data.sources.tfrecord import ArrayRecordSource
 
 from . import vocab
@@ -60,7 +61,8 @@ def c4_source(split: str, *, json: str | None = None, array_record: str | None =
   $T5LITE_TFDS_DATA_DIR."""
   json = json or os.environ.get(JSON_ENV)
   if json:
-    return JsonlSource(split_pattern(os.path.expanduser(json), split), text_fields=("text",))
+    # Streamed: shard by shard with bounded memory (C4 is ~300 GB of text in 1,024 files).
+    return JsonlStream(split_pattern(os.path.expanduser(json), split), text_fields=("text",))
   array_record = array_record or os.environ.get(ARRAY_RECORD_ENV)
   if array_record:
     return ArrayRecordSource(split_pattern(os.path.expanduser(array_record), split))

@@ -26,6 +26,7 @@ from t5lite.data import preprocessors as pp
 from t5lite.data.sources.crc32c import masked_crc32c
 from t5lite.data.registry import CACHE_POINT, Feature, MixtureRegistry, TaskRegistry
 from t5lite.data.sources.readers import JsonlSource, TfdsSource, TsvSource
+from t5lite.data.sources.streams import JsonlStream
 from t5lite.data.sources.tfrecord import ArrayRecordSource, convert_tfrecord_to_array_record
 from t5lite.data.sources.tfrecord_example import make_example
 from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
@@ -411,6 +412,11 @@ def _write_tfrecord(path, records) -> None:
               + struct.pack("<I", masked_crc32c(data)))
 
 
+def _streamed(source) -> list[dict]:
+  """Every example of a streamed source, shard after shard."""
+  return [ex for shard in range(source.num_shards) for ex in source.examples(shard)]
+
+
 def test_c4_sources(tmp_path, monkeypatch):
   assert c4.split_pattern("/c4/c4-train.*.json.gz", "validation") == "/c4/c4-validation.*.json.gz"
   assert c4.split_pattern("/c4/{split}/*.gz", "train") == "/c4/train/*.gz"
@@ -430,9 +436,9 @@ def test_c4_sources(tmp_path, monkeypatch):
   _write_c4_json(tmp_path, "validation", 0, ["Held out text."])
   monkeypatch.setenv("T5LITE_C4_JSON", str(tmp_path / "c4-train.*-of-00002.json.gz"))
   train, validation = task.get_source("train"), task.get_source("validation")
-  assert isinstance(train, JsonlSource)
-  assert [train[i]["text"] for i in range(len(train))] == FAKE_TEXT
-  assert validation[0]["text"] == "Held out text."
+  assert isinstance(train, JsonlStream) and train.num_shards == 2  # read as a stream
+  assert [ex["text"] for ex in _streamed(train)] == FAKE_TEXT
+  assert [ex["text"] for ex in _streamed(validation)] == ["Held out text."]
 
 
 def test_c4_span_corruption(tmp_path, monkeypatch, sp_vocab):
@@ -440,7 +446,7 @@ def test_c4_span_corruption(tmp_path, monkeypatch, sp_vocab):
   monkeypatch.setenv("T5LITE_C4_JSON", str(tmp_path / "c4-train.*.json.gz"))
   task = with_vocab("c4_span_corruption", sp_vocab)
   source = task.get_source("train")
-  outs = preprocess(task, [source[i] for i in range(len(source))])
+  outs = preprocess(task, _streamed(source))
   assert outs
   sentinel = sp_vocab.vocab_size - 1  # <extra_id_0>
   for ex in outs:
@@ -468,7 +474,7 @@ def test_c4_lm(tmp_path, monkeypatch):
   task = with_vocab("c4_lm")
   assert set(task.output_features) == {"targets"}
   source = task.get_source("train")
-  outs = preprocess(task, [source[i] for i in range(len(source))])
+  outs = preprocess(task, _streamed(source))
   stream = np.concatenate([ByteVocabulary().encode(t) for t in FAKE_TEXT])
   assert [len(ex["targets"]) for ex in outs[:-1]] == [16] * (len(outs) - 1)
   np.testing.assert_array_equal(np.concatenate([ex["targets"] for ex in outs]), stream)

@@ -194,22 +194,32 @@ def _add_data_verbs(verbs) -> None:
   cache.add_argument("--split", action="append", help="split(s) to cache (default: all)")
   cache.add_argument("--cache_dir", default=None, help="default: $T5LITE_CACHE_DIR or "
                      "~/.cache/t5lite/tasks")
-  cache.add_argument("--worker_index", type=int, default=0)
   cache.add_argument("--num_workers", type=int, default=1,
-                     help="split the work over N workers or hosts, each writing its own shard")
+                     help="split the work over N workers, each writing its own shard: local "
+                     "processes, or hosts when --worker_index is given")
+  cache.add_argument("--worker_index", type=int, default=None,
+                     help="write only this worker's shard (one host of --num_workers)")
+  cache.add_argument("--processes", type=int, default=None,
+                     help="local processes at once (default: the CPUs)")
   _add_module_flag(cache)
 
 
 def _data_verb(args) -> int:
   import json
   import t5lite_tasks  # noqa: F401 (registers the shipped tasks)
-  from t5lite.data import cache, describe, registry
+  from t5lite.data import cache, cache_parallel, describe, registry
   if args.verb == "cache":
     task = registry.TaskRegistry.get(args.name)
     for split in args.split or task.splits or ["train"]:
-      info = cache.cache_task(task, split, args.cache_dir, worker_index=args.worker_index,
-                              num_workers=args.num_workers)
-      print(json.dumps(info))
+      if args.worker_index is None:
+        infos = cache_parallel.cache_in_parallel(task, split, args.cache_dir,
+                                                 num_workers=args.num_workers,
+                                                 processes=args.processes)
+      else:
+        infos = [cache.cache_task(task, split, args.cache_dir, worker_index=args.worker_index,
+                                  num_workers=args.num_workers)]
+      for info in infos:
+        print(json.dumps(info))
     return 0
   if args.tasks_verb == "list":
     print(describe.list_tasks())

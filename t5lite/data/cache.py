@@ -7,7 +7,8 @@ a bucket (gs://, s3://): a shard is written on local disk, then uploaded as one 
 .json after it (one object upload is atomic by itself); readers copy each shard to the local
 object cache once (t5lite.util.staging.local_copy), as array_record reads local files only.
 Examples are msgpack (flax.serialization): numpy arrays, strings and numbers, no pickle.
-Worker w of N caches source indices w, w+N, ...; N workers can be N hosts.
+Worker w of N caches source indices w, w+N, ... of a random-access source, or shards w,
+w+N, ... of a streamed one; N workers can be N hosts, or processes of one (cache_in_parallel).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Any, Callable
 
 import grain
 from array_record.python import array_record_data_source, array_record_module
@@ -25,6 +27,7 @@ from flax import serialization
 from t5lite.util import atomic, paths, staging, storage
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Task
+from t5lite.data.stream_rows import StreamRow
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
 CACHE_ENV = "T5LITE_CACHE_DIR"
@@ -40,8 +43,9 @@ def task_cache_dir(task: Task, split: str, cache_dir: str | None = None) -> str:
 
 
 def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_index: int = 0,
-               num_workers: int = 1) -> dict:
-  """Writes this worker's shard; returns its info ({'examples': n, ...})."""
+               num_workers: int = 1, progress: Callable[[int], Any] | None = None) -> dict:
+  """Writes this worker's shard; returns its info ({'examples': n, ...}). progress(n) is
+  called as examples are written."""
   if task.cache_index is None:
     raise ConfigError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
                       "there is nothing to cache")
@@ -55,9 +59,17 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
     os.makedirs(out_dir, exist_ok=True)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)
-  ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))
+  streamed = getattr(source, "streaming", False)
+  if streamed:  # worker w reads shards w, w + N, ... in file order (stream_rows.row_units)
+    ds = StreamRow(source, worker_index, num_workers, seed=0, window=1, shuffle=False,
+                   num_epochs=1, what=f"task {task.name!r} split {split!r} cache worker "
+                   f"{worker_index}")
+    ds.outputs = 1  # dropping every example is legitimate here: the shard is then empty
+  else:
+    ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))
+    ds = ds.to_iter_dataset()
   steps = list(enumerate(task.preprocessors))[:task.cache_index]
-  ds = apply_preprocessors(ds.to_iter_dataset(), task, steps, sequence_length=None,
+  ds = apply_preprocessors(ds, task, steps, sequence_length=None,
                            seed=derive_seed("cache", task.name, split))
   count = 0
   with _shard_path(out_dir, name + ".array_record") as tmp:
@@ -65,9 +77,12 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
     for example in ds:
       writer.write(serialization.msgpack_serialize(dict(example)))
       count += 1
+      if progress is not None:
+        progress(1)
     writer.close()
+  # A streamed source's examples are not counted up front: its cache is read shard by shard.
   info = {"task": task.name, "split": split, "examples": count, "worker_index": worker_index,
-          "num_workers": num_workers, "source_examples": len(source)}
+          "num_workers": num_workers, "source_examples": None if streamed else len(source)}
   atomic.write_file(paths.join(out_dir, name + ".json"), json.dumps(info))
   return info
 
@@ -105,7 +120,7 @@ class CachedSource:
     self._paths = paths
     self._shards = [array_record_data_source.ArrayRecordDataSource([p]) for p in paths]
     self._sizes = [len(shard) for shard in self._shards]
-    self._interleaved = sum(self._sizes) == infos[0]["source_examples"]
+    self._interleaved = sum(self._sizes) == infos[0].get("source_examples")
     self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
 
   def __len__(self) -> int:

@@ -47,10 +47,17 @@ def show_task(name: str, split: str, lengths: Mapping[str, int], n: int = 3) -> 
   """Raw, preprocessed and decoded examples of a task, with token lengths."""
   task = _as_task(name)
   source = task.get_source(split)
-  out = [f"task {task.name}, split {split}: {len(source)} source examples, source {source!r}"]
-  for i in range(min(n, len(source))):
+  if getattr(source, "streaming", False):
+    size = f"streamed from {source.num_shards} shards"
+    raw = itertools.islice((ex for shard in range(source.num_shards)
+                            for ex in source.examples(shard)), n)
+  else:
+    size = f"{len(source)} source examples"
+    raw = (source[i] for i in range(min(n, len(source))))
+  out = [f"task {task.name}, split {split}: {size}, source {source!r}"]
+  for i, example in enumerate(raw):
     out.append(f"--- raw example {i}")
-    out.extend(f"  {k}: {_short(v)}" for k, v in source[i].items())
+    out.extend(f"  {k}: {_short(v)}" for k, v in example.items())
   for i, ex in enumerate(preprocessed_examples(task, split, lengths, n)):
     out.append(f"--- preprocessed example {i}")
     for key, value in ex.items():

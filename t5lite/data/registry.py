@@ -155,7 +155,8 @@ def rate_num_examples(task: Task, split: str = "train", maximum: int | None = No
   rates toward equal (T5 used K = 2**21 and T = 2, 4 or 8). Pass the options with
   functools.partial: `(name, functools.partial(rate_num_examples, maximum=2**21,
   temperature=2.0))`. n is the task's source examples in `split` (what seqio falls back to
-  for a task that is not cached)."""
+  for a task that is not cached); a streamed source gives it from its files' metadata
+  (Parquet, Arrow) or its `num_examples=` argument."""
   if not temperature > 0:
     raise ConfigError(f"rate_num_examples of task {task.name!r}: temperature {temperature!r} "
                       "must be > 0 (1.0: proportional to the example counts)")

@@ -19,6 +19,7 @@ from t5lite.data import cache
 from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Mixture, Task
+from t5lite.data.stream_rows import StreamRow
 from t5lite.errors import ConfigError
 
 
@@ -225,6 +226,11 @@ class _Counting(grain.IterDataset):
     return _CountingIterator(iter(self._parent), self._guard)
 
 
+# A streamed task's shuffle window per batch row when its shuffle_buffer_size is None
+# (parsed documents held per row: ~1 MB for C4's ~2 KB documents).
+STREAM_WINDOW = 512
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
   """Everything the batch sequence depends on (besides the data)."""
@@ -253,6 +259,22 @@ def task_row_dataset(task: Task, row: int, config: PipelineConfig) -> grain.Iter
     start = task.cache_index + 1
   if source is None:
     source = task.get_source(config.split)
+  what = f"task {task.name!r} split {config.split!r} batch row {row}"
+  if getattr(source, "streaming", False):
+    ds = guard = StreamRow(source, row, config.global_batch_size,
+                           seed=derive_seed(config.seed, task.name, row), shuffle=config.shuffle,
+                           window=task.shuffle_buffer_size or STREAM_WINDOW,
+                           num_epochs=config.num_epochs, what=what)
+  else:
+    ds, guard = _random_access_row(source, row, task, config, what)
+  steps = list(enumerate(task.preprocessors))[start:]
+  ds = apply_preprocessors(ds, task, steps, sequence_length=config.task_feature_lengths,
+                           seed=derive_seed(config.seed, task.name, row, "preprocess"))
+  return _Counting(ds, guard)
+
+
+def _random_access_row(source, row: int, task: Task, config: PipelineConfig, what: str):
+  """Row `row` of a random-access source, and its guard."""
   n, rows = len(source), config.global_batch_size
   if n < rows:
     raise ConfigError(f"task {task.name!r} split {config.split!r} has {n} examples, fewer than "
@@ -260,14 +282,10 @@ def task_row_dataset(task: Task, row: int, config: PipelineConfig) -> grain.Iter
   ds = RowSlice(source, row, rows)
   if config.shuffle:
     ds = EpochShuffle(ds, derive_seed(config.seed, task.name, row), task.shuffle_buffer_size)
-  ds = guard = _EmptyRowGuard(ds, f"task {task.name!r} split {config.split!r} batch row {row}")
+  ds = guard = _EmptyRowGuard(ds, what)
   # No per-row read threads (InOrder): a process runs many rows, and threads per row cost
   # more than they save on in-memory preprocessing.
-  ds = InOrder(ds, config.num_epochs)
-  steps = list(enumerate(task.preprocessors))[start:]
-  ds = apply_preprocessors(ds, task, steps, sequence_length=config.task_feature_lengths,
-                           seed=derive_seed(config.seed, task.name, row, "preprocess"))
-  return _Counting(ds, guard)
+  return InOrder(ds, config.num_epochs), guard
 
 
 def row_dataset(mixture_or_task: Task | Mixture, row: int, config: PipelineConfig,

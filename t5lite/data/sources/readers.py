@@ -84,27 +84,30 @@ class JsonlSource(TextLineSource):
     self.text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
 
   def _example(self, file_id: int, index: int) -> dict[str, Any]:
-    line = self._line(file_id, index)
-    try:
-      example = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ConfigError(f"{self._where(file_id, index)}: invalid JSON ({e.msg} at column "
-                        f"{e.colno})") from None
-    if not isinstance(example, dict):
-      raise ConfigError(f"{self._where(file_id, index)}: expected a JSON object, got "
-                        f"{type(example).__name__}")
-    for field in self.text_fields:
-      if field not in example:
-        raise ConfigError(f"{self._where(file_id, index)}: no field {field!r} (the row has "
-                          f"{sorted(example)})")
-      if not isinstance(example[field], str):
-        raise ConfigError(f"{self._where(file_id, index)}: field {field!r} is "
-                          f"{_json_kind(example[field])}, expected text")
-    return example
+    return json_example(self._line(file_id, index), lambda: self._where(file_id, index),
+                        self.text_fields)
 
   def _repr_args(self) -> str:
     fields = f", text_fields={self.text_fields!r}" if self.text_fields else ""
     return repr(self._patterns) + fields
+
+
+def json_example(line: str, where: Callable[[], str], text_fields: Sequence[str]) -> dict:
+  """A JSON line parsed into an example dict, its text fields checked; errors start with
+  where() ('FILE:LINE', computed only on error)."""
+  try:
+    example = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{where()}: invalid JSON ({e.msg} at column {e.colno})") from None
+  if not isinstance(example, dict):
+    raise ConfigError(f"{where()}: expected a JSON object, got {type(example).__name__}")
+  for field in text_fields:
+    if field not in example:
+      raise ConfigError(f"{where()}: no field {field!r} (the row has {sorted(example)})")
+    if not isinstance(example[field], str):
+      raise ConfigError(f"{where()}: field {field!r} is {_json_kind(example[field])}, "
+                        "expected text")
+  return example
 
 
 def _json_kind(value: Any) -> str:
