@@ -289,3 +289,24 @@ def test_an_empty_row_is_explained(tmp_path):
       next(batches("stream_tiny", global_batch_size=2))
   finally:
     TaskRegistry.remove("stream_tiny")
+
+
+def test_shards_in_a_bucket_stream_without_a_local_copy(bucket, tmp_path, monkeypatch):
+  """gs:// and s3:// shards (local servers) read as streams: the same examples, resumable,
+  and nothing copied to the object cache."""
+  _, url = bucket
+  from t5lite.util import paths, staging
+  monkeypatch.setenv(staging.CACHE_ENV, str(tmp_path / "objects"))
+  shards = corpus(3)
+  local = tmp_path / "local"
+  write_jsonl_gz(local, shards)
+  write_parquet(local, shards)
+  for path in sorted(local.iterdir()):
+    with paths.open_binary(f"{url}/{path.name}", "wb") as f:
+      f.write(path.read_bytes())
+  flat = [d["text"] for docs in shards for d in docs]
+  for source in (streams.JsonlStream(f"{url}/part-*.jsonl.gz", "text"),
+                 streams.ParquetStream(f"{url}/part-*.parquet")):
+    assert source.num_shards == 3 and texts(streamed(source)) == flat
+    assert texts(source.examples(2, skip=4)) == [d["text"] for d in shards[2]][4:]
+  assert not (tmp_path / "objects").exists()

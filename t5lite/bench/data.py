@@ -239,7 +239,12 @@ def _table(report: dict, cpu_s: dict, wall_s: dict, examples: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """`t5lite bench data [--inputs_length N] [--batch_size N] [--repeats N]`: table + JSON."""
+  """`t5lite bench data [--inputs_length N] [--batch_size N] [--repeats N]`: table + JSON.
+  With --source KIND: streamed corpora of growing size instead (t5lite.bench.data_stream)."""
+  args_list = list(sys.argv[1:] if argv is None else argv)
+  if any(a == "--source" or a.startswith("--source=") for a in args_list):
+    from t5lite.bench import data_stream  # pylint: disable=import-outside-toplevel
+    return data_stream.main(args_list)
   parser = argparse.ArgumentParser(
       prog="t5lite bench data",
       description="Span corruption + packing throughput per core, t5lite vs HF's "
@@ -250,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--seconds_per_run", type=float, default=3.0,
                       help="about how long one run of the slower side takes")
   parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args(argv)
+  args = parser.parse_args(args_list)
   if min(args.inputs_length, args.batch_size, args.repeats) < 1 or args.seconds_per_run <= 0:
     parser.error("--inputs_length, --batch_size, --repeats and --seconds_per_run must be positive")
   report = run(inputs_length=args.inputs_length, batch_size=args.batch_size,

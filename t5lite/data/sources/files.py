@@ -68,9 +68,9 @@ def read_buffer(path: str) -> bytes | mmap.mmap:
   """A file's bytes: memory-mapped, or decompressed into memory for `.gz` files.
 
   Compressed files cannot be read at an offset, so they are held decompressed (as one
-  bytes object, not as Python strings); for corpora bigger than memory use plain files
-  or convert them to array_record. An object in a bucket (gs://, s3://) is downloaded whole
-  into memory (decompressed if `.gz`).
+  bytes object, not as Python strings); for corpora bigger than memory read them as streams
+  (t5lite.data.sources.streams), or cache the task to array_record (`t5lite cache`). An
+  object in a bucket (gs://, s3://) is downloaded whole into memory (decompressed if `.gz`).
   """
   if paths.is_url(path):
     data = paths.read_bytes(path)

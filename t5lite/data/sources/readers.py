@@ -8,7 +8,8 @@ for free and a source pickles cheaply into grain workers (open files are not pic
   src = JsonlSource("data/c4-train.*-of-01024.json.gz")
   src[0]  # -> {"text": "Beginners BBQ Class ...", "timestamp": "...", "url": "..."}
 
-TFDS datasets: `TfdsSource` (tfds_source.py). TFRecord files: tfrecord.py.
+TFDS datasets: `TfdsSource` (tfds.py). TFRecord files: tfrecord.py. Corpora bigger
+than memory, read shard by shard instead of by index: streams.py.
 """
 from __future__ import annotations
 
