@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from t5lite.data.registry import Feature
 from t5lite.data.vocab.vocabularies import SentencePieceVocabulary, Vocabulary, load_vocabulary
 
@@ -82,6 +84,14 @@ class LazyVocabulary(Vocabulary):
   cls_id = property(lambda self: self.vocabulary.cls_id)
   sep_id = property(lambda self: self.vocabulary.sep_id)
   special_tokens = property(lambda self: self.vocabulary.special_tokens)
+
+  # encode / encode_batch straight to the real vocabulary: through _encode_many the ids
+  # would go array -> list -> array, more than the tokenizing itself for short texts.
+  def encode(self, text: str) -> np.ndarray:
+    return self.vocabulary.encode(text)
+
+  def encode_batch(self, texts) -> list[np.ndarray]:
+    return self.vocabulary.encode_batch(texts)
 
   def _encode_many(self, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in self.vocabulary.encode_batch(texts)]

@@ -238,6 +238,11 @@ class SentencePieceVocabulary(Vocabulary):
   def _base_vocab_size(self) -> int:
     return self._num_pieces
 
+  def encode(self, text: str) -> np.ndarray:
+    # One string, not a list of one: SentencePiece's list path sets up a thread pool per
+    # call, which costs more than encoding a ~1 KB document (54 vs 138 us on an EPYC).
+    return np.asarray(self._sp.encode(text, out_type=int), np.int32)
+
   def _encode_many(self, texts: list[str]) -> list[list[int]]:
     return self._sp.encode(texts, out_type=int) if texts else []
 
