@@ -142,3 +142,21 @@ def test_t5lite_side_is_t5_span_corruption():
     check_span_corruption(piece, ex["inputs"], ex["targets"], VOCAB)
     if len(piece) == raw:
       assert (len(ex["inputs"]), len(ex["targets"])) == (64, targets_length)
+
+
+def test_streamed_corpus_benchmark_measures_a_c4_shaped_corpus(tmp_path):
+  """`bench data --source`: the corpus is C4-shaped and as big as asked, and one measurement
+  (in this process) reports its figures and an exact resume."""
+  import glob
+  import gzip
+  from t5lite.bench import data_stream
+  pattern = data_stream.synthesize(str(tmp_path), 0.002, shards=4)
+  files = sorted(glob.glob(pattern))
+  assert len(files) == 4
+  records = [json.loads(line) for f in files for line in gzip.open(f, "rt", encoding="utf-8")]
+  assert set(records[0]) == {"text", "timestamp", "url"}
+  assert 0.002e9 <= sum(len(json.dumps(r)) + 1 for r in records) < 0.0021e9 + 4 * 20_000
+  assert data_stream.synthesize(str(tmp_path), 0.002, shards=4) == pattern  # kept, not rewritten
+  report = data_stream.measure("jsonl_gz", pattern, batch_size=4, batches=3)
+  assert report["resume_exact"] is True and report["examples_per_s"] > 0
+  assert report["peak_rss_mb"] >= report["rss_after_imports_mb"] > 0

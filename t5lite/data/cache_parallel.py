@@ -19,6 +19,8 @@ import tqdm
 
 from t5lite.data import cache
 from t5lite.data.registry import Task
+from t5lite.data.sources.files import IndexedFileSource
+from t5lite.errors import ConfigError
 
 _counter = None  # the examples-written counter, in each worker process
 
@@ -41,10 +43,15 @@ def _cache_one(payload: bytes, split: str, cache_dir: str | None, worker_index: 
 
 
 def source_size(task: Task, split: str) -> int | None:
-  """The number of source examples when known without reading them (the bar's total)."""
+  """The number of source examples when it is known without reading them (the bar's
+  total): a streamed source's metadata count, or an in-memory source's length. Files read
+  by index would be read once more just to count them: no total then."""
+  source = task.get_source(split)
+  if isinstance(source, IndexedFileSource):
+    return None
   try:
-    return len(task.get_source(split))
-  except Exception:  # pylint: disable=broad-except  # a streamed source that cannot say
+    return len(source)
+  except ConfigError:  # a streamed source of text lines, which cannot say
     return None
 
 
