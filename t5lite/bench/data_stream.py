@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   report = run(args.source, args.sizes_gb, args.corpus_dir, shards=args.shards,
                batch_size=args.batch_size, batches=args.batches, repeats=args.repeats,
                peer_shards=args.peer_shards)
-  print(json.dumps({**report, "machine": machine.cpu_info()}), flush=True)
+  print(json.dumps({**report, "machine": machine.describe()}), flush=True)
   return 0
 
 
