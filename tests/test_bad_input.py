@@ -96,6 +96,33 @@ def test_jsonl_rows_without_text_name_file_line_and_field(tmp_path):
     list(c4.c4_source("train", json=str(path)).examples(0, offset=3))
 
 
+def test_deep_json_lone_surrogates_and_cut_parquet_name_their_file(tmp_path):
+  """Rows that used to end in a RecursionError, a UnicodeEncodeError in the tokenizer, or
+  pyarrow's error without a file name: one line naming the file (and line)."""
+  from t5lite.data.sources.readers import ParquetSource
+  from t5lite.data.sources.streams import JsonlStream, ParquetStream
+  path = tmp_path / "rows.jsonl"
+  path.write_text('{"text": "fine"}\n' + '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+                  + '{"text": "a \\ud800 b"}\n')
+  source = JsonlSource(str(path), text_fields=("text",))
+  with pytest.raises(ConfigError, match=r"rows\.jsonl:2: JSON nested too deeply"):
+    source[1]
+  with pytest.raises(ConfigError, match=r"rows\.jsonl:3: field 'text' holds a lone surrogate "
+                     r"\('\\ud800' at character 2\)"):
+    source[2]
+  with pytest.raises(ConfigError, match=r"rows\.jsonl:3: field 'text' holds a lone surrogate"):
+    list(JsonlStream(str(path), "text").examples(0, skip=2))
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "cut.parquet")
+  data = (tmp_path / "cut.parquet").read_bytes()
+  (tmp_path / "cut.parquet").write_bytes(data[:len(data) // 2])
+  for make in (lambda: len(ParquetSource(str(tmp_path / "cut.parquet"))),
+               lambda: list(ParquetStream(str(tmp_path / "cut.parquet")).examples(0))):
+    with pytest.raises(ConfigError, match=r"cut\.parquet: not a readable Parquet file"):
+      make()
+
+
 def test_local_glue_files_name_the_row_and_field(tmp_path, monkeypatch):
   cola = tmp_path / "glue" / "cola"
   cola.mkdir(parents=True)

@@ -14,6 +14,7 @@ import transformers
 
 import t5lite
 from t5lite import cli
+from t5lite.cli.imports import import_hf
 from t5lite.data.vocab import vocabularies
 from t5lite.interop.hf import checkpoints as hf
 from t5lite.interop.hf import tokenizer as hf_tokenizer
@@ -254,13 +255,22 @@ class Exploit:
 
 
 def test_import_hf_carries_the_sentencepiece_vocabulary(tmp_path):
-  config = tiny(vocab_size=384)
+  config = tiny(vocab_size=416)  # 400 pieces + 7 extra ids fit, as T5's 32,100 in 32,128 rows
   source = tmp_path / "hf"
   hf.save_hf(config, jax.device_get(init_params(config, 2)), str(source))
   vocab = vocabularies.load_vocabulary(train_tasks_spiece_dir(tmp_path))
   hf_tokenizer.write_hf_tokenizer(vocab, str(source))
   run("import", "hf", "--from", str(source), "--out", str(tmp_path / "imported"))
   assert vocabularies.load_vocabulary(tmp_path / "imported") == vocab
+  # A tokenizer with more ids than the model has rows is refused, naming both counts.
+  small = tmp_path / "small"
+  hf.save_hf(tiny(vocab_size=384), jax.device_get(init_params(tiny(vocab_size=384), 2)),
+             str(small))
+  hf_tokenizer.write_hf_tokenizer(vocab, str(small))
+  with pytest.raises(ValueError, match=r"the tokenizer has 407 ids but the model's embedding "
+                     r"has 384 rows"):
+    import_hf(str(small), str(tmp_path / "refused"))
+  assert not (tmp_path / "refused").exists()
 
 
 def train_tasks_spiece_dir(tmp_path):

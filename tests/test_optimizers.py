@@ -299,6 +299,22 @@ def test_schedules_do_not_depend_on_total_steps():
     make_schedule(ScheduleConfig("linear", 1.0, 10, 0))
 
 
+def test_a_schedule_that_ends_before_the_run_warns_once_and_bad_values_are_named():
+  linear = ScheduleConfig("linear", 1e-3, warmup_steps=100, decay_steps=300)
+  warning = schedules.early_end(linear, 1200)
+  assert warning == ("t5lite: warning: the linear learning-rate schedule reaches its end value "
+                     "0 at step 400, before TRAIN_STEPS=1200: the last 800 steps train at 0 (to "
+                     "decay until TRAIN_STEPS, set ScheduleConfig.decay_steps=1100)")
+  assert float(make_schedule(linear)(401)) == 0.0  # what the warning says
+  assert schedules.early_end(linear, 400) is None  # ends with the run
+  assert schedules.early_end(ScheduleConfig(), 10**6) is None  # rsqrt never ends
+  assert schedules.early_end(ScheduleConfig("cosine", 1e-3, 10, 90, 1e-5), 101) is not None
+  with pytest.raises(ValueError, match=r"ScheduleConfig.value must be a number, got 'fast'"):
+    ScheduleConfig(value="fast")
+  with pytest.raises(ValueError, match=r"ScheduleConfig.decay_steps"):
+    ScheduleConfig("linear", 1.0, 10, 10.5)
+
+
 def test_adamw_step_reduces_quadratic_and_decays_only_matrices():
   target = {"w": jnp.full((4, 4), 2.0), "scale": jnp.full((4,), -1.0),
             "stack": jnp.full((2, 4), 3.0)}

@@ -73,6 +73,7 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
   overrides = {"param_dtype": dtype} if dtype else {}
   config, params = hf.load_hf(source, max_params=max_params, **overrides)
   vocabulary = hf_vocabulary(source)
+  check_vocabulary_fits(config, vocabulary, source)
   if vocabulary is None:
     warnings.warn(f"{source} has no tokenizer files t5lite reads (spiece.model, ByT5, "
                   "vocab.txt, vocab.json + merges.txt, tokenizer.json): the MODEL_DIR gets no "
@@ -129,6 +130,7 @@ def import_peft(source: str, base: str, out: str) -> dict:
                                   partitioning.logical_axis_rules())
   if where.hf:
     vocabulary = hf_vocabulary(where.path)
+    check_vocabulary_fits(base_config, vocabulary, where.path)
   else:
     try:
       vocabulary = load_vocabulary(where.home)
@@ -140,6 +142,26 @@ def import_peft(source: str, base: str, out: str) -> dict:
   return {"import": "peft", "from": os.path.abspath(source), "base": where.path,
           "out": os.path.abspath(out), "checkpoint": path, **adapter.summary(),
           "saved_modules": ["/".join(p) for p in saved]}
+
+
+def check_vocabulary_fits(config, vocabulary, source: str) -> None:
+  """A ConfigError naming the mismatch when a tokenizer's ids do not fit the model's embedding
+  rows, or an encoder-only (BERT-style) model's tokenizer lacks [MASK], [CLS] or [SEP]: such a
+  model would train and decode on ids it has no rows or meaning for."""
+  if vocabulary is None:
+    return
+  if vocabulary.vocab_size > config.vocab_size:
+    raise ConfigError(f"{source}: the tokenizer has {vocabulary.vocab_size} ids but the model's "
+                      f"embedding has {config.vocab_size} rows (config.json vocab_size): ids "
+                      f"{config.vocab_size} to {vocabulary.vocab_size - 1} would index past it. "
+                      "Put the model's own tokenizer files beside it")
+  if config.architecture == "encoder_only":
+    missing = [name for name, token_id in (("[MASK]", vocabulary.mask_id), ("[CLS]",
+               vocabulary.cls_id), ("[SEP]", vocabulary.sep_id)) if token_id is None]
+    if missing:
+      raise ConfigError(f"{source}: the tokenizer has no {', '.join(missing)}, which an "
+                        "encoder-only model's inputs and masking need. Put the model's own "
+                        "tokenizer files beside it")
 
 
 def hf_vocabulary(source: str):

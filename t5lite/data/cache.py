@@ -46,17 +46,8 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
                num_workers: int = 1, progress: Callable[[int], Any] | None = None) -> dict:
   """Writes this worker's shard; returns its info ({'examples': n, ...}). progress(n) is
   called as examples are written."""
-  if task.cache_index is None:
-    raise ConfigError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
-                      "there is nothing to cache")
-  if not 0 <= worker_index < num_workers:
-    raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
-  out_dir = task_cache_dir(task, split, cache_dir)
-  # A bad place is refused in one line before the source is built or read, not after.
-  if paths.is_url(out_dir):
-    storage.check_writable(out_dir, "the task cache")
-  else:
-    os.makedirs(out_dir, exist_ok=True)
+  check_request(task, worker_index, num_workers)
+  out_dir = writable_cache_dir(task, split, cache_dir)
   name = f"shard-{worker_index:05d}-of-{num_workers:05d}"
   source = task.get_source(split)
   streamed = getattr(source, "streaming", False)
@@ -85,6 +76,26 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
           "num_workers": num_workers, "source_examples": None if streamed else len(source)}
   atomic.write_file(paths.join(out_dir, name + ".json"), json.dumps(info))
   return info
+
+
+def check_request(task: Task, worker_index: int, num_workers: int) -> None:
+  """A task with a CACHE_POINT, and a worker among the workers; else one ConfigError."""
+  if task.cache_index is None:
+    raise ConfigError(f"task {task.name!r} has no CACHE_POINT among its preprocessors: "
+                      "there is nothing to cache")
+  if not 0 <= worker_index < num_workers:
+    raise ConfigError(f"worker_index {worker_index} is not in [0, {num_workers})")
+
+
+def writable_cache_dir(task: Task, split: str, cache_dir: str | None = None) -> str:
+  """The task split's cache folder, made (or a bucket checked) writable: a bad place is
+  refused in one line before the source is built or read, not after."""
+  out_dir = task_cache_dir(task, split, cache_dir)
+  if paths.is_url(out_dir):
+    storage.check_writable(out_dir, "the task cache")
+  else:
+    os.makedirs(out_dir, exist_ok=True)
+  return out_dir
 
 
 @contextlib.contextmanager
@@ -122,6 +133,11 @@ class CachedSource:
     self._sizes = [len(shard) for shard in self._shards]
     self._interleaved = sum(self._sizes) == infos[0].get("source_examples")
     self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
+
+  @property
+  def files(self) -> list[str]:
+    """The shards' local files, in shard order."""
+    return list(self._paths)
 
   def __len__(self) -> int:
     return sum(self._sizes)

@@ -60,6 +60,9 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
                       progress: bool = True) -> list[dict]:
   """Writes every worker's shard with up to `processes` local processes (default: the
   CPUs, at most num_workers); returns the shards' infos in worker order."""
+  # Refused in one line before the source is built (for the bar's total), not after.
+  cache.check_request(task, 0, num_workers)
+  cache.writable_cache_dir(task, split, cache_dir)
   processes = max(1, min(num_workers, processes or os.cpu_count() or 1))
   if num_workers == 1:
     with tqdm.tqdm(total=source_size(task, split), unit="example", desc=f"cache {task.name} "

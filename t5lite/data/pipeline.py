@@ -19,7 +19,8 @@ from typing import Any, Iterator, Mapping
 import grain
 import numpy as np
 
-from t5lite.data.registry import get_mixture_or_task
+from t5lite.data import cache, identity
+from t5lite.data.registry import Mixture, get_mixture_or_task
 from t5lite.data.rows import PipelineConfig, assemble_batch, check_state, row_dataset
 from t5lite.data.workers import WorkerBatchIterator
 from t5lite.errors import ConfigError
@@ -48,8 +49,8 @@ class BatchIterator:
   """
 
   def __init__(self, datasets: Mapping[int, grain.IterDataset], config: PipelineConfig,
-               fingerprint: str = ""):
-    self.config, self.fingerprint = config, fingerprint
+               fingerprint: str = "", data=None):
+    self.config, self.fingerprint, self.data = config, fingerprint, data
     self.rows = sorted(datasets)
     self._iterators = {r: iter(datasets[r]) for r in self.rows}
     self._finished: set[int] = set()
@@ -70,12 +71,13 @@ class BatchIterator:
     return assemble_batch(self.rows, {r: self._next_example(r) for r in self.rows})
 
   def get_state(self) -> dict[str, Any]:
-    return {"global_batch_size": self.config.global_batch_size, "seed": self.config.seed,
-            "fingerprint": self.fingerprint,
-            "rows": {str(r): self._iterators[r].get_state() for r in self.rows}}
+    return with_data({"global_batch_size": self.config.global_batch_size,
+                      "seed": self.config.seed, "fingerprint": self.fingerprint,
+                      "rows": {str(r): self._iterators[r].get_state() for r in self.rows}},
+                     self.data)
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    check_state(self.config, self.fingerprint, self.rows, state)
+    check_state(self.config, self.fingerprint, self.rows, state, self.data)
     self._finished = set()
     for r in self.rows:
       self._iterators[r].set_state(state["rows"][str(r)])
@@ -90,6 +92,19 @@ def merge_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
   return merged
 
 
+def with_data(state: dict[str, Any], data) -> dict[str, Any]:
+  """A state with the identity of the files it points into (identity.py), when known."""
+  return {**state, "data": data()} if data is not None else state
+
+
+def task_sources(item, config: PipelineConfig) -> dict[str, Any]:
+  """{"TASK/SPLIT": source} of the tasks a pipeline reads (the caches with use_cached)."""
+  tasks = ([t for t, rate in item.task_rates(config.split) if rate > 0]
+           if isinstance(item, Mixture) else [item])
+  return {f"{t.name}/{config.split}": cache.cached_source(t, config.split, config.cache_dir)
+          if config.use_cached else t.get_source(config.split) for t in tasks}
+
+
 def get_dataset(mixture_or_task_name: str, config: PipelineConfig, converter, *,
                 process_index: int = 0, process_count: int = 1, num_workers: int = 0):
   """The batch iterator for this process: in-process, or with rows spread over
@@ -97,6 +112,8 @@ def get_dataset(mixture_or_task_name: str, config: PipelineConfig, converter, *,
   item = get_mixture_or_task(mixture_or_task_name)
   rows = owned_rows(config.global_batch_size, process_index, process_count)
   key = fingerprint(mixture_or_task_name, config, converter)
+  data = identity.LazyIdentity(lambda: task_sources(item, config))
   if num_workers:
-    return WorkerBatchIterator(item, config, converter, rows, num_workers, key)
-  return BatchIterator({r: row_dataset(item, r, config, converter) for r in rows}, config, key)
+    return WorkerBatchIterator(item, config, converter, rows, num_workers, key, data=data)
+  return BatchIterator({r: row_dataset(item, r, config, converter) for r in rows}, config, key,
+                       data)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import grain
 import numpy as np
 
-from t5lite.data import cache
+from t5lite.data import cache, identity
 from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.preprocessors import apply_preprocessors, derive_seed
 from t5lite.data.registry import Mixture, Task
@@ -242,6 +242,8 @@ class PipelineConfig:
   num_epochs: int | None = None  # None = repeat forever
   use_cached: bool = False
   cache_dir: str | None = None
+  # Restore a state saved on other files (its positions then point into the new data).
+  accept_data_changes: bool = False
 
   def __post_init__(self):
     # Before any row is allocated: a length of 10**12 once asked numpy for petabytes.
@@ -314,9 +316,11 @@ def assemble_batch(rows: list[int], examples: Mapping[int, dict | None]) -> dict
   return {k: np.array([ex[k] for ex in ordered]) for k in present[0]}
 
 
-def check_state(config: PipelineConfig, fingerprint_: str, rows, state: Mapping[str, Any]) -> None:
+def check_state(config: PipelineConfig, fingerprint_: str, rows, state: Mapping[str, Any],
+                data=None) -> None:
   """A saved state fits this run: same seed, global batch size, task, split, lengths and
-  converter, and every row of ours present."""
+  converter, every row of ours present, and (data: the current identity.data_identity, a
+  callable) the same files, unless config.accept_data_changes."""
   for key in ("global_batch_size", "seed"):
     if state[key] != getattr(config, key):
       raise ConfigError(f"data state was saved with {key}={state[key]}, this run has "
@@ -327,3 +331,5 @@ def check_state(config: PipelineConfig, fingerprint_: str, rows, state: Mapping[
   missing = [r for r in rows if str(r) not in state["rows"]]
   if missing:
     raise ValueError(f"data state lacks rows {missing[:5]}... (merge every process's state)")
+  if data is not None and not config.accept_data_changes:
+    identity.check_unchanged(state.get("data"), data())

@@ -53,10 +53,11 @@ class WorkerBatchIterator:
   """
 
   def __init__(self, item, config: PipelineConfig, converter, rows: range, num_workers: int,
-               fingerprint: str = "", *, prefetch: int = 4):
+               fingerprint: str = "", *, prefetch: int = 4, data=None):
     if num_workers < 1:
       raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     self.config, self.fingerprint, self.rows = config, fingerprint, list(rows)
+    self.data = data  # identity.LazyIdentity of the files read, or None
     self._item, self._converter = item, converter
     self._num_workers, self._prefetch = min(num_workers, len(self.rows)), prefetch
     self._payload = cloudpickle.dumps((item, config, converter))  # tasks may hold closures
@@ -115,11 +116,12 @@ class WorkerBatchIterator:
     if states is None:  # nothing taken yet: fresh pipelines' states (built here, cheaply)
       states = {r: iter(row_dataset(self._item, r, self.config, self._converter)).get_state()
                 for r in self.rows}
-    return {"global_batch_size": self.config.global_batch_size, "seed": self.config.seed,
-            "fingerprint": self.fingerprint, "rows": {str(r): s for r, s in states.items()}}
+    state = {"global_batch_size": self.config.global_batch_size, "seed": self.config.seed,
+             "fingerprint": self.fingerprint, "rows": {str(r): s for r, s in states.items()}}
+    return {**state, "data": self.data()} if self.data is not None else state
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    check_state(self.config, self.fingerprint, self.rows, state)
+    check_state(self.config, self.fingerprint, self.rows, state, self.data)
     self.close()
     self._states = {r: state["rows"][str(r)] for r in self.rows}
 

@@ -36,7 +36,7 @@ from t5lite.runtime import preemption
 from t5lite.runtime import partitioning as part
 from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine
 from t5lite.runtime.processes import all_flags
-from t5lite.train import data_state
+from t5lite.train import data_state, schedules
 from t5lite.train.actions import Action, Clock, Evaluate, default_actions
 from t5lite.train.step import new_window
 
@@ -170,6 +170,9 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
     log(f"t5lite: already at step {step} >= TRAIN_STEPS={config.train_steps}; nothing to do "
         "(raise TRAIN_STEPS to train on)")
     return result
+  warning = schedules.early_end(config.optimizer.schedule, config.train_steps)
+  if warning:
+    log(warning)
   actions = default_actions(config) if actions is None else actions
   writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary, resume_step=step)
   loop = Loop(trainer, checkpointer, batches, writer, result, sigterm, log)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from t5lite.errors import ConfigError
+from t5lite.util.checks import require_int
 
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 
@@ -113,11 +114,29 @@ class ScheduleConfig:
   def __post_init__(self):
     if self.name not in SCHEDULES:
       raise ConfigError(f"ScheduleConfig.name={self.name!r} is not one of {SCHEDULES}")
-    if self.warmup_steps < 0:
-      raise ConfigError(f"ScheduleConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+    for field in ("value", "end_value"):  # e.g. --gin.ScheduleConfig.value="'fast'"
+      number = getattr(self, field)
+      if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ConfigError(f"ScheduleConfig.{field} must be a number, got {number!r}")
+    require_int(self.warmup_steps, "ScheduleConfig.warmup_steps", minimum=0)
+    require_int(self.decay_steps, "ScheduleConfig.decay_steps", minimum=0)
 
   def replace(self, **changes) -> "ScheduleConfig":
     return dataclasses.replace(self, **changes)
+
+
+def early_end(config: ScheduleConfig, train_steps: int) -> str | None:
+  """One warning line when a decaying schedule reaches its end value before train_steps (the
+  steps after it train at end_value: 0 by default), else None."""
+  if config.name not in ("linear", "cosine") or not config.decay_steps:
+    return None
+  end = config.warmup_steps + config.decay_steps
+  if end >= train_steps:
+    return None
+  return (f"t5lite: warning: the {config.name} learning-rate schedule reaches its end value "
+          f"{config.end_value:g} at step {end}, before TRAIN_STEPS={train_steps}: the last "
+          f"{train_steps - end} steps train at {config.end_value:g} (to decay until "
+          f"TRAIN_STEPS, set ScheduleConfig.decay_steps={train_steps - config.warmup_steps})")
 
 
 def make_schedule(config: ScheduleConfig) -> optax.Schedule:

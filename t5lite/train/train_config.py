@@ -41,6 +41,9 @@ class TrainConfig:
   """Read tasks from `t5lite cache` output (USE_CACHED_TASKS)."""
   cache_dir: str | None = None
   """Where cached tasks are (default: $T5LITE_CACHE_DIR or ~/.cache/t5lite/tasks)."""
+  accept_data_changes: bool = False
+  """Resume even though the task's files changed since the checkpoint (refused by default:
+  the saved positions point into the old files)."""
   pack: bool = True
   """Pack several examples per row (T5X pretraining does)."""
   data_workers: int = 0

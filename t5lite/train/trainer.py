@@ -141,7 +141,7 @@ class Trainer:
     return PipelineConfig(global_batch_size=c.batch_size,
                           task_feature_lengths=dict(c.task_feature_lengths), split=split,
                           seed=c.seed, use_cached=c.use_cached_tasks, cache_dir=c.cache_dir,
-                          **changes)
+                          accept_data_changes=c.accept_data_changes, **changes)
 
   def dataset(self, name: str, pipeline_config: PipelineConfig, workers: int = 0):
     index, count = self.batch_slice

@@ -100,6 +100,9 @@ def json_example(line: str, where: Callable[[], str], text_fields: Sequence[str]
     example = json.loads(line)
   except json.JSONDecodeError as e:
     raise ConfigError(f"{where()}: invalid JSON ({e.msg} at column {e.colno})") from None
+  except RecursionError:
+    raise ConfigError(f"{where()}: JSON nested too deeply to read (thousands of levels)"
+                      ) from None
   if not isinstance(example, dict):
     raise ConfigError(f"{where()}: expected a JSON object, got {type(example).__name__}")
   for field in text_fields:
@@ -108,6 +111,12 @@ def json_example(line: str, where: Callable[[], str], text_fields: Sequence[str]
     if not isinstance(example[field], str):
       raise ConfigError(f"{where()}: field {field!r} is {_json_kind(example[field])}, "
                         "expected text")
+    try:  # JSON's \ud800 escapes can spell lone surrogates, which no tokenizer encodes
+      example[field].encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ConfigError(f"{where()}: field {field!r} holds a lone surrogate "
+                        f"({example[field][e.start]!r} at character {e.start}), which is not "
+                        "text") from None
   return example
 
 
@@ -180,11 +189,16 @@ def _gzip_has_data(path: str) -> bool:
     return bool(f.read(1))
 
 
-def _parquet_file(path: str):
+def parquet_file(path: str):
   """pyarrow's ParquetFile; an object in a bucket through a seekable fsspec file, so that only
-  the footer and the row groups asked for are fetched (ranged reads)."""
+  the footer and the row groups asked for are fetched (ranged reads). A file that is not
+  Parquet (or was cut short) is a ConfigError naming it."""
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-  return pq.ParquetFile(paths.open_binary(path) if paths.is_url(path) else path)
+  try:
+    return pq.ParquetFile(paths.open_binary(path) if paths.is_url(path) else path)
+  except pa.ArrowInvalid as e:
+    raise ConfigError(f"{path}: not a readable Parquet file ({e})") from None
 
 
 class ParquetSource(IndexedFileSource):
@@ -200,7 +214,7 @@ class ParquetSource(IndexedFileSource):
     self._groups: dict[tuple[int, int], dict[str, list]] = {}
 
   def _index_file(self, path: str, buf: Any) -> np.ndarray:
-    meta = _parquet_file(path).metadata
+    meta = parquet_file(path).metadata
     rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     return np.cumsum(np.array(rows, dtype=np.int64))  # row group ends
 
@@ -209,7 +223,7 @@ class ParquetSource(IndexedFileSource):
     key = (file_id, group)
     with self._lock:
       if key not in self._groups:
-        table = _parquet_file(self.files[file_id]).read_row_group(group, columns=self.columns)
+        table = parquet_file(self.files[file_id]).read_row_group(group, columns=self.columns)
         if len(self._groups) >= 2:
           self._groups.pop(next(iter(self._groups)))
         self._groups[key] = table.to_pydict()

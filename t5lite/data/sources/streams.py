@@ -33,7 +33,7 @@ import numpy as np
 
 from t5lite.data.sources import crc32c
 from t5lite.data.sources.files import Patterns, expand_patterns
-from t5lite.data.sources.readers import json_example
+from t5lite.data.sources.readers import json_example, parquet_file
 from t5lite.data.sources.tfrecord_example import parse_example
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.util import paths
@@ -241,9 +241,7 @@ class ParquetStream(_ColumnarStream):
   skipped by whole row groups, from the footer's counts."""
 
   def _open(self, shard: int):
-    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-    path = self.files[shard]
-    return pq.ParquetFile(paths.open_binary(path) if paths.is_url(path) else path)
+    return parquet_file(self.files[shard])
 
   def _batches(self, shard: int, start: int):
     parquet = self._open(shard)

@@ -148,6 +148,11 @@ class ArrayRecordSource:
       self._source = source
     return self._source
 
+  @property
+  def files(self) -> list[str]:
+    """The matched files (as named: bucket URLs stay URLs)."""
+    return expand_patterns(self._patterns)
+
   def __len__(self) -> int:
     return len(self._open())
 
