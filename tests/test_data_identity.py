@@ -89,9 +89,10 @@ def test_same_size_edits_and_new_or_removed_shards_are_noticed(tasks):
   state = saved_state("id_indexed")
   path = tasks / "train.jsonl"
   text = path.read_text()
+  os.utime(path, ns=(1, 1))  # touched, or copied to another host: the same data
+  batches("id_indexed", state)
   path.write_text(text.replace("a 3 ", "a 9 ", 1))  # same size, other contents
-  os.utime(path, ns=(1, 1))
-  with pytest.raises(ConfigError, match="same size, other modification time or contents"):
+  with pytest.raises(ConfigError, match="same size, other contents"):
     batches("id_indexed", state)
   streamed = saved_state("id_streamed")
   with gzip.open(tasks / "part-3.jsonl.gz", "wt") as f:
@@ -119,7 +120,7 @@ def test_states_without_files_or_from_older_runs_restore(tasks):
 @pytest.mark.slow
 def test_worker_processes_refuse_a_changed_file_too(tasks):
   state = saved_state("id_indexed", num_workers=1)
-  assert [f[0] for f in state["data"]["id_indexed/train"]] == [str(tasks / "train.jsonl")]
+  assert [f[0] for f in state["data"]["id_indexed/train"]] == ["train.jsonl"]
   (tasks / "train.jsonl").write_text("".join(lines(61, "a")))
   with pytest.raises(ConfigError, match="changed size"):
     batches("id_indexed", state, num_workers=1)

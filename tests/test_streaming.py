@@ -315,3 +315,35 @@ def test_shards_in_a_bucket_stream_without_a_local_copy(bucket, tmp_path, monkey
     assert source.num_shards == 3 and texts(streamed(source)) == flat
     assert texts(source.examples(2, skip=4)) == [d["text"] for d in shards[2]][4:]
   assert not (tmp_path / "objects").exists()
+
+
+def test_a_state_of_the_other_reading_is_refused_in_one_line(streamed_tasks, tmp_path):
+  """A checkpoint saved while a task was read by index (C4 JSON before it streamed, or a
+  cache) does not restore into a streamed row, nor the other way round."""
+  streamed = batches("stream_copy_jsonl_gz", pack=False)
+  next(streamed)
+  indexed_row = {"next_index": 5}
+  state = streamed.get_state()
+  with pytest.raises(ConfigError, match="saved by an indexed reading of the task"):
+    batches("stream_copy_jsonl_gz", pack=False, state={
+        **state, "rows": {r: indexed_row for r in state["rows"]}})
+  task = TaskRegistry.get("stream_copy_jsonl_gz")
+  cache.cache_task(task, "train", str(tmp_path))
+  with pytest.raises(ConfigError, match="saved by a streamed reading of the task"):
+    batches("stream_copy_jsonl_gz", pack=False, use_cached=True, cache_dir=str(tmp_path),
+            state={**state, "data": None})
+
+
+def test_a_cache_worker_without_records_writes_an_empty_shard(tmp_path):
+  source = streams.JsonlStream(write_jsonl_gz(tmp_path / "j", [[{"text": "one"}]]), "text")
+  TaskRegistry.remove("stream_one")
+  add_task("stream_one", {"train": source}, FEATURES,
+           [pp.rekey({"inputs": "text", "targets": "text"}), pp.tokenize, CACHE_POINT])
+  try:
+    task = TaskRegistry.get("stream_one")
+    infos = [cache.cache_task(task, "train", str(tmp_path / "c"), worker_index=w, num_workers=2)
+             for w in range(2)]
+    assert [i["examples"] for i in infos] == [1, 0]
+    assert len(cache.cached_source(task, "train", str(tmp_path / "c"))) == 1
+  finally:
+    TaskRegistry.remove("stream_one")

@@ -54,7 +54,7 @@ def cache_task(task: Task, split: str, cache_dir: str | None = None, *, worker_i
   if streamed:  # worker w reads shards w, w + N, ... in file order (stream_rows.row_units)
     ds = StreamRow(source, worker_index, num_workers, seed=0, window=1, shuffle=False,
                    num_epochs=1, what=f"task {task.name!r} split {split!r} cache worker "
-                   f"{worker_index}")
+                   f"{worker_index}", empty_ok=True)  # a worker with no records: empty shard
     ds.outputs = 1  # dropping every example is legitimate here: the shard is then empty
   else:
     ds = grain.MapDataset.source(source).slice(slice(worker_index, None, num_workers))

@@ -3,9 +3,10 @@
 A data state holds positions (row r is at example i of its slice; a streamed row at record k
 of shard s): on other files the same positions point at other examples, and the run would go
 on mixing old and new data without a word. So the state also holds each task split's files
-as they were: path, size, modification time (nanoseconds) and a CRC32 of the first and last
-64 KiB; for an object in a bucket, its size and version (GCS generation, S3 ETag). Restoring
-compares them with the files now and names the first difference.
+as they were: base name, size and a CRC32 of the first and last 64 KiB; for an object in a
+bucket, its size and version (GCS generation, S3 ETag). Not paths or modification times:
+another host's mount or a copy on a fresh VM is the same data. Restoring compares them with
+the files now and names the first difference.
 
 Sources without files (a Python function, a list, TFDS by name) have no identity here and are
 not checked.
@@ -17,6 +18,7 @@ import zlib
 from typing import Any
 
 from t5lite.data.sources import streams
+from t5lite.data.sources.files import expand_patterns
 from t5lite.errors import ConfigError
 from t5lite.util import paths
 
@@ -27,25 +29,37 @@ def _source_files(source) -> list[str] | None:
   """The files a source reads, or None when it reads none (or cannot say)."""
   if isinstance(source, streams.HfStream):  # its data files, when they are named
     files = source.data_files
-    if isinstance(files, str):
-      return [files]
-    return list(files) if isinstance(files, list) and all(
-        isinstance(f, str) for f in files) else None
+    files = [files] if isinstance(files, str) else files
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+      return None
+    try:
+      return expand_patterns(files)  # globs, as datasets expands them
+    except (ConfigError, OSError):  # e.g. hf:// or relative to a dataset folder: not checked
+      return None
   files = getattr(source, "files", None)  # file sources, streams, caches, array_record
   return list(files) if isinstance(files, list) else None
 
 
 def _fingerprint(path: str) -> list[Any]:
-  """[path, size, mtime_ns, crc32 of both ends] of a file; [url, size, version] of an object."""
+  """[size, CRC32 of both ends] of a file; [size, version] of an object in a bucket. Not the
+  path or the modification time: a copy of the data (another host's mount, a fresh VM's
+  download of a bucket cache) is the same data."""
   if paths.is_url(path):
-    return [path, paths.size(path), paths.version(path)]
-  stat = os.stat(path)
+    return [paths.size(path), paths.version(path)]
+  size = os.path.getsize(path)
   with open(path, "rb") as f:
     crc = zlib.crc32(f.read(_EDGE))
-    if stat.st_size > 2 * _EDGE:
+    if size > 2 * _EDGE:
       f.seek(-_EDGE, os.SEEK_END)
       crc = zlib.crc32(f.read(_EDGE), crc)
-  return [path, stat.st_size, stat.st_mtime_ns, crc]
+  return [size, crc]
+
+
+def _names(files: list[str]) -> list[str]:
+  """How files are named in an identity: their base names (the same on every host and copy),
+  or the whole paths when two share a base name."""
+  names = [os.path.basename(f.rstrip("/")) for f in files]
+  return names if len(set(names)) == len(names) else list(files)
 
 
 def data_identity(sources: dict[str, Any]) -> dict[str, list]:
@@ -54,7 +68,7 @@ def data_identity(sources: dict[str, Any]) -> dict[str, list]:
   for key, source in sources.items():
     files = _source_files(source)
     if files is not None:
-      identity[key] = [_fingerprint(f) for f in files]
+      identity[key] = [[name, *_fingerprint(f)] for name, f in zip(_names(files), files)]
   return identity
 
 
@@ -72,7 +86,7 @@ def _difference(saved: list, now: list) -> str | None:
     if before[1] != after[1]:
       return f"{path} changed size ({before[1]} -> {after[1]} bytes)"
     if before[2:] != after[2:]:
-      return f"{path} changed (same size, other modification time or contents)"
+      return f"{path} changed (same size, other contents or object version)"
   if [f[0] for f in saved] != [f[0] for f in now]:
     return "the files are read in another order"
   return None

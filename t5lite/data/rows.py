@@ -102,6 +102,11 @@ class _InOrderIterator(grain.DatasetIterator):
     return {"next_index": self._next}
 
   def set_state(self, state):
+    if "next_index" not in state:
+      raise ConfigError(f"this data state was saved by a streamed reading of the task (keys "
+                        f"{sorted(state)}), and its source is now read by index (or "
+                        "USE_CACHED_TASKS changed): resume with the setup that saved it, or "
+                        "train in a new MODEL_DIR")
     self._next = int(state["next_index"])
 
 

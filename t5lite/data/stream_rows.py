@@ -103,7 +103,8 @@ class _StreamRowIterator(grain.DatasetIterator):
         self._emitted += 1
         return self._examples[self._emitted - 1]
       if not self._examples:  # the epoch is over
-        if self._unit == 0 and self._record == 0 and self._window == 0:
+        if self._unit == 0 and self._record == 0 and self._window == 0 and \
+            not self._row.empty_ok:
           raise ConfigError(f"{self._row.what} got no example from its shards "
                             f"{self._row.units}: fewer examples than batch rows?")
         self._row.check_progress()
@@ -120,6 +121,11 @@ class _StreamRowIterator(grain.DatasetIterator):
             "window": self._window, "emitted": self._emitted}
 
   def set_state(self, state):
+    if not {"epoch", "unit", "record", "window", "emitted"} <= set(state):
+      raise ConfigError(
+          f"{self._row.what}: this data state was saved by an indexed reading of the task "
+          f"(keys {sorted(state)}), and its source is now streamed (or USE_CACHED_TASKS "
+          "changed): resume with the setup that saved it, or train in a new MODEL_DIR")
     self._epoch, self._unit, self._record = state["epoch"], state["unit"], state["record"]
     self._window, self._emitted = state["window"], state["emitted"]
     self._examples, self._reader, self._reader_at = None, None, None
@@ -131,10 +137,13 @@ class StreamRow(grain.IterDataset):
   preprocessing drops everything fail clearly instead of reading for ever."""
 
   def __init__(self, source, row: int, rows: int, *, seed: int, window: int, shuffle: bool,
-               num_epochs: int | None, what: str):
+               num_epochs: int | None, what: str, empty_ok: bool = False):
     super().__init__()
     if window < 1:
       raise ConfigError(f"{what}: the shuffle window must be >= 1 examples, got {window}")
+    if not source.num_shards:
+      raise ConfigError(f"{what}: {source!r} has no shards")
+    self.empty_ok = empty_ok  # an epoch without examples ends the row instead of failing
     self.source, self.units = source, row_units(source.num_shards, row, rows)
     self.seed, self.window, self.shuffle, self.what = seed, window, shuffle, what
     self.num_epochs = sys.maxsize if num_epochs is None else num_epochs

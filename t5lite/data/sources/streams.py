@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import bz2
+import contextlib
 import gzip
 import io
 import itertools
@@ -39,26 +40,33 @@ from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.util import paths
 
 _READ_BUFFER = 1 << 20  # bytes buffered per open shard
+_BATCH_ROWS = 1024  # Parquet rows decoded at a time per open shard
 
 
+@contextlib.contextmanager
 def open_stream(path: str):
-  """A binary stream of a file's decompressed bytes (compression from its suffix)."""
+  """A binary stream of a file's decompressed bytes (compression from its suffix); the file
+  and the decompressor are both closed when the block ends."""
   raw = paths.open_binary(path) if paths.is_url(path) else open(path, "rb", buffering=_READ_BUFFER)
-  if path.endswith(".gz"):
-    return gzip.GzipFile(fileobj=raw, mode="rb")
-  if path.endswith(".bz2"):
-    return bz2.BZ2File(raw, "rb")
-  if path.endswith(".xz"):
-    return lzma.LZMAFile(raw, "rb")
-  if path.endswith((".zst", ".zstd")):
-    try:
-      import zstandard  # pylint: disable=import-outside-toplevel
-    except ImportError:
-      raw.close()
-      raise ConfigError(f"{path} is zstd-compressed: pip install zstandard to read it") from None
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True),
-                             _READ_BUFFER)
-  return raw
+  with raw:
+    if path.endswith(".gz"):
+      stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif path.endswith(".bz2"):
+      stream = bz2.BZ2File(raw, "rb")
+    elif path.endswith(".xz"):
+      stream = lzma.LZMAFile(raw, "rb")
+    elif path.endswith((".zst", ".zstd")):
+      try:
+        import zstandard  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ConfigError(f"{path} is zstd-compressed: pip install zstandard to read it"
+                          ) from None
+      stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), _READ_BUFFER)
+    else:
+      yield raw
+      return
+    with stream:
+      yield stream
 
 
 class StreamingSource(abc.ABC):
@@ -237,7 +245,7 @@ class _ColumnarStream(StreamingSource):
 
 
 class ParquetStream(_ColumnarStream):
-  """Parquet files read one row group at a time (pyarrow); rows before a resume position are
+  """Parquet files read 1,024 rows at a time (pyarrow); rows before a resume position are
   skipped by whole row groups, from the footer's counts."""
 
   def _open(self, shard: int):
@@ -249,8 +257,9 @@ class ParquetStream(_ColumnarStream):
     for group in range(parquet.metadata.num_row_groups):
       rows = parquet.metadata.row_group(group).num_rows
       if first + rows > start:
-        table = parquet.read_row_group(group, columns=self.columns)
-        for batch in table.to_batches():
+        # At most _BATCH_ROWS rows decoded at a time: writers' row groups reach a million rows.
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group],
+                                          columns=self.columns):
           yield first, batch
           first += batch.num_rows
       else:
