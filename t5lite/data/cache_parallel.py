@@ -64,15 +64,14 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
   cache.check_request(task, 0, num_workers)
   cache.writable_cache_dir(task, split, cache_dir)
   processes = max(1, min(num_workers, processes or os.cpu_count() or 1))
+  bar = tqdm.tqdm(total=source_size(task, split), unit="example",
+                  disable=None if progress else True, desc=f"cache {task.name} {split}")
   if num_workers == 1:
-    with tqdm.tqdm(total=source_size(task, split), unit="example", desc=f"cache {task.name} "
-                   f"{split}", disable=None if progress else True) as bar:
+    with bar:
       return [cache.cache_task(task, split, cache_dir, progress=bar.update)]
   context = multiprocessing.get_context("spawn")  # never fork a process that loaded JAX
   counter = context.Value("q", 0)
   payload = cloudpickle.dumps(task)
-  bar = tqdm.tqdm(total=source_size(task, split), unit="example",
-                  disable=None if progress else True, desc=f"cache {task.name} {split}")
   with bar, concurrent.futures.ProcessPoolExecutor(
       processes, mp_context=context, initializer=_init, initargs=(counter,)) as pool:
     futures = [pool.submit(_cache_one, payload, split, cache_dir, w, num_workers)

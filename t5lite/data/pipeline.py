@@ -21,7 +21,8 @@ import numpy as np
 
 from t5lite.data import cache, identity
 from t5lite.data.registry import Mixture, get_mixture_or_task
-from t5lite.data.rows import PipelineConfig, assemble_batch, check_state, row_dataset
+from t5lite.data.rows import (PipelineConfig, assemble_batch, check_state, row_dataset,
+                              with_data)
 from t5lite.data.workers import WorkerBatchIterator
 from t5lite.errors import ConfigError
 
@@ -90,11 +91,6 @@ def merge_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
   for state in states:
     merged["rows"].update(state["rows"])
   return merged
-
-
-def with_data(state: dict[str, Any], data) -> dict[str, Any]:
-  """A state with the identity of the files it points into (identity.py), when known."""
-  return {**state, "data": data()} if data is not None else state
 
 
 def task_sources(item, config: PipelineConfig) -> dict[str, Any]:

@@ -321,6 +321,11 @@ def assemble_batch(rows: list[int], examples: Mapping[int, dict | None]) -> dict
   return {k: np.array([ex[k] for ex in ordered]) for k in present[0]}
 
 
+def with_data(state: dict[str, Any], data) -> dict[str, Any]:
+  """A state with the identity of the files it points into (identity.py), when known."""
+  return {**state, "data": data()} if data is not None else state
+
+
 def check_state(config: PipelineConfig, fingerprint_: str, rows, state: Mapping[str, Any],
                 data=None) -> None:
   """A saved state fits this run: same seed, global batch size, task, split, lengths and

@@ -109,7 +109,7 @@ class _StreamRowIterator(grain.DatasetIterator):
                             f"{self._row.units}: fewer examples than batch rows?")
         self._row.check_progress()
         self._epoch += 1
-        if self._row.num_epochs is not None and self._epoch >= self._row.num_epochs:
+        if self._epoch >= self._row.num_epochs:
           raise StopIteration
         self._unit = self._record = self._window = 0
       else:

@@ -16,7 +16,8 @@ from typing import Any, Mapping
 import cloudpickle
 import numpy as np
 
-from t5lite.data.rows import PipelineConfig, assemble_batch, check_state, row_dataset
+from t5lite.data.rows import (PipelineConfig, assemble_batch, check_state, row_dataset,
+                              with_data)
 
 _DONE = "done"
 
@@ -116,9 +117,9 @@ class WorkerBatchIterator:
     if states is None:  # nothing taken yet: fresh pipelines' states (built here, cheaply)
       states = {r: iter(row_dataset(self._item, r, self.config, self._converter)).get_state()
                 for r in self.rows}
-    state = {"global_batch_size": self.config.global_batch_size, "seed": self.config.seed,
-             "fingerprint": self.fingerprint, "rows": {str(r): s for r, s in states.items()}}
-    return {**state, "data": self.data()} if self.data is not None else state
+    return with_data({"global_batch_size": self.config.global_batch_size,
+                      "seed": self.config.seed, "fingerprint": self.fingerprint,
+                      "rows": {str(r): s for r, s in states.items()}}, self.data)
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     check_state(self.config, self.fingerprint, self.rows, state, self.data)
