@@ -163,7 +163,7 @@ def test_restore_params_verifies_checksums_and_finiteness(tmp_path):
   assert step == 1
   assert_trees_equal(params, STATE)
   flip_byte(array_file(tmp_path / "p" / "checkpoints" / "1"))
-  with pytest.raises(CorruptCheckpointError, match="checkpoint step 1: .*CRC32C"):
+  with pytest.raises(CorruptCheckpointError, match="checkpoint step 1 in .*/p/checkpoints/1: .*CRC32C"):
     checkpoint_reader.restore_params(tmp_path / "p", abstract["params"])
   assert os.path.isdir(tmp_path / "p" / "checkpoints" / "1")  # a read path moves nothing
   # NaN saved (not a flip: sealed as is) is refused too.
@@ -172,6 +172,29 @@ def test_restore_params_verifies_checksums_and_finiteness(tmp_path):
   nan.close()
   with pytest.raises(CorruptCheckpointError, match=r"\['w'\] holds non-finite values"):
     checkpoint_reader.restore_params(tmp_path / "n", abstract["params"])
+
+
+def test_params_only_model_dirs_are_sealed_and_a_flipped_byte_is_refused(tmp_path, capfd):
+  """Imports (hf, t5x, peft), `export params` and `export student` all write through
+  write_model_dir: the step is sealed like a training step, and every read verifies it."""
+  from t5lite.interop import params_only
+  from t5lite.models.params import init_params
+  config = tiny(vocab_size=300)
+  leftover = tmp_path / "m" / "checkpoints" / "0.orbax-checkpoint-tmp-1700000000"
+  leftover.mkdir(parents=True)  # what a killed import leaves: no checkpoint, so no refusal
+  step_dir = params_only.write_model_dir(tmp_path / "m", config, init_params(config, 0),
+                                         step=0, vocabulary=None)
+  assert integrity.verify(step_dir, 0) is True
+  assert os.listdir(tmp_path / "m" / "checkpoints") == ["0"]
+  with pytest.raises(FileExistsError, match=r"already holds checkpoints \(0\)"):
+    params_only.write_model_dir(tmp_path / "m", config, {}, step=0, vocabulary=None)
+  flip_byte(array_file(step_dir))
+  code = cli.main(["export", "params", "--checkpoint", str(tmp_path / "m"),
+                   "--out", str(tmp_path / "out")])
+  err = capfd.readouterr().err
+  assert code == 2, err
+  assert f"checkpoint step 0 in {tmp_path}/m/checkpoints/0: state/" in err and "CRC32C" in err and "Traceback" not in err
+  assert not os.path.exists(tmp_path / "out" / "checkpoints")
 
 
 # --- the lease -------------------------------------------------------------------------------
@@ -237,6 +260,18 @@ def test_an_unwritable_model_dir_is_named(tmp_path, monkeypatch):
                      r"\(Read-only file system"):
     with lease_lib.hold(str(tmp_path)):
       pass
+
+
+def test_a_model_dir_too_long_for_its_checkpoint_files_is_refused_before_training(tmp_path):
+  """Long enough to be created, too long for orbax's files below it (PATH_MAX, 4,096 bytes on
+  Linux): refused at start, not at the first save after `period` steps."""
+  deep = str(tmp_path)
+  while len(deep) < 4096 - 100:
+    deep = os.path.join(deep, "d" * min(200, 4096 - 101 - len(deep)))
+  with pytest.raises(ConfigError, match=r"MODEL_DIR is \d+ bytes long .* limit of 4096 bytes "
+                     r"for a path; choose a MODEL_DIR under 3936 bytes"):
+    train(MODEL, train_config(deep, train_steps=2), log=quiet)
+  assert os.listdir(tmp_path) == []
 
 
 # --- metrics after a resume ------------------------------------------------------------------
@@ -329,7 +364,7 @@ def test_export_of_a_flipped_checkpoint_exits_2_in_one_line(reference, tmp_path,
   code = cli.main(["export", "hf", "--checkpoint", str(copy), "--out", str(tmp_path / "hf")])
   err = capfd.readouterr().err
   assert code == 2, err
-  assert "checkpoint step 6:" in err and "CRC32C" in err
+  assert f"checkpoint step 6 in {copy}/checkpoints/6:" in err and "CRC32C" in err
   assert "Traceback" not in err
   assert not os.path.exists(tmp_path / "hf" / "model.safetensors")
 

@@ -274,6 +274,23 @@ def test_a_distillation_run_trains_the_student_and_leaves_the_teacher_unchanged(
     run(tmp_path / "student", student, other, steps=9, **TINYBERT_GENERAL)
 
 
+def test_a_damaged_teacher_step_is_named_by_the_teachers_folder(tmp_path):
+  """The student has a step 0 of its own: "checkpoint step 0" alone would not say whose."""
+  from t5lite.runtime.integrity import CorruptCheckpointError
+  write_teacher(tmp_path / "teacher", tiny_encoder_only())
+  step_dir = tmp_path / "teacher" / "checkpoints" / "0"
+  arrays = [os.path.join(root, name) for root, _, names in os.walk(step_dir) for name in names
+            if "/d/" in os.path.join(root, name)]
+  with open(max(arrays, key=os.path.getsize), "r+b") as f:
+    f.seek(100)
+    byte = f.read(1)
+    f.seek(100)
+    f.write(bytes([byte[0] ^ 0x10]))
+  with pytest.raises(CorruptCheckpointError,
+                     match=f"checkpoint step 0 in {step_dir}: state/.* fails its CRC32C check"):
+    load_teacher(DistillationConfig(teacher=str(tmp_path / "teacher")))
+
+
 def t5lite_metrics(model_dir):
   from helpers import metrics_records
   return metrics_records(model_dir)

@@ -245,7 +245,9 @@ def test_import_and_export_cli_round_trip_a_head_model(tmp_path, capsys):
   model.save_pretrained(tmp_path / "hf")
   ids, types = hf_inputs("roberta", "sequence_classification")
   model_dir, out = str(tmp_path / "model"), str(tmp_path / "out")
-  with pytest.warns(UserWarning, match="vocabulary"):  # no tokenizer files in this folder
+  # No tokenizer files in this folder: infer reads them from the MODEL_DIR, not T5LITE_VOCAB.
+  with pytest.warns(UserWarning, match=r"no vocabulary; copy the model's tokenizer files into "
+                    r"that MODEL_DIR \(--out\) before `t5lite infer`"):
     assert cli.main(["import", "hf", "--from", str(tmp_path / "hf"), "--out", model_dir]) == 0
     assert cli.main(["export", "hf", "--checkpoint", model_dir, "--out", out]) == 0
   capsys.readouterr()

@@ -325,7 +325,8 @@ def test_cli_export_of_a_damaged_step_exits_2_in_one_line(reference, tmp_path, c
   assert cli.main(["export", "hf", "--checkpoint", str(copy), "--out",
                    str(tmp_path / "hf")]) == 2
   line = one_error_line(capfd.readouterr().err, "t5lite export")
-  assert f"checkpoint step {NEWEST}: state/ocdbt.process_0/manifest.ocdbt" in line
+  assert (f"checkpoint step {NEWEST} in {copy}/checkpoints/{NEWEST}: "
+          "state/ocdbt.process_0/manifest.ocdbt") in line
   assert line.endswith("is missing")
   assert tree_digest(copy) == before
   assert not (tmp_path / "hf" / "model.safetensors").exists()

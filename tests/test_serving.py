@@ -1,11 +1,13 @@
 """`t5lite export serving`: the artifact, reloaded in a fresh process that never imports t5lite,
 decodes exactly as the live model (ids and text, greedy and beam, batch sizes 1 and 3)."""
 import ast
+import hashlib
 import inspect
 import json
 import os
 import pathlib
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +35,7 @@ CONFIG = tiny(vocab_size=512)  # above the vocabularies' 410 and 359 ids: padded
 # Each at most 15 bytes, so that with EOS they fit INPUT_LENGTH under both vocabularies.
 TEXTS = ["Return a list", "héllo wörld", "a <extra_id_2>"]
 TOO_LONG_TEXT = "a sentence far longer than sixteen tokens " * 3
-ALLOWED_IMPORTS = {"__future__", "argparse", "json", "pathlib", "struct", "sys", "typing",
+ALLOWED_IMPORTS = {"__future__", "argparse", "hashlib", "json", "pathlib", "struct", "sys", "typing",
                    "jax", "numpy", "safetensors", "sentencepiece"}
 
 # Runs in `python -I -c`: the loader is imported from the artifact alone, never t5lite.
@@ -164,6 +166,9 @@ def test_artifact_layout(artifacts):
   assert (manifest["methods"], manifest["num_beams"], manifest["alpha"]) == (["greedy", "beam"],
                                                                               4, 0.6)
   assert manifest["platforms"][0] == "cpu"  # and cuda, where jax can lower for it here
+  assert sorted(manifest["files"]) == sorted(set(os.listdir(artifact)) - {"serving.json"})
+  digest = hashlib.sha256((artifact / "params.safetensors").read_bytes()).hexdigest()
+  assert manifest["files"]["params.safetensors"]["sha256"] == digest
   _, params, _ = load_params(model_dir)
   saved = safetensors.numpy.load_file(str(artifact / "params.safetensors"))
   flat = traverse_util.flatten_dict(params, sep="/")
@@ -270,3 +275,113 @@ def test_bf16_params_round_trip_through_the_loader(live, tmp_path):
   for key, value in flat.items():
     assert loaded[key].dtype == np.dtype("bfloat16") == value.dtype, key
     assert loaded[key].tobytes() == np.asarray(value).tobytes(), key
+
+
+# --- an artifact is not trusted whole --------------------------------------------------------
+
+def tampered(artifacts, tmp_path, kind="byte", reseal=True, manifest=None, **files):
+  """A copy of an artifact with `files` {name: bytes} rewritten and the manifest updated by
+  `manifest` (a function); reseal: serving.json lists the new files' checksums, as if the
+  artifact had been exported that way (so the check after the checksums is what refuses)."""
+  artifact = tmp_path / "artifact"
+  shutil.copytree(artifacts[kind][1], artifact)
+  path = artifact / "serving.json"
+  listing = json.loads(path.read_text())
+  for name, data in files.items():
+    (artifact / name).write_bytes(data)
+    if reseal:
+      listing["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+  path.write_text(json.dumps(manifest(listing) if manifest else listing))
+  return artifact
+
+
+def params_file(artifacts, change) -> bytes:
+  """The byte artifact's params.safetensors with change(flat params) applied."""
+  flat = safetensors.numpy.load_file(str(artifacts["byte"][1] / "params.safetensors"))
+  change(flat)
+  return safetensors.numpy.save(flat)
+
+
+def loader_error(artifact, capfd) -> str:
+  """The one line serving_loader.py's command line prints for a refused artifact (exit 2)."""
+  capfd.readouterr()
+  assert serving_loader.main([str(artifact), "--text", "hello"]) == 2
+  err = capfd.readouterr().err
+  assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+  assert err.startswith("serving_loader: error: ")
+  return err
+
+
+def _nan(flat):
+  key = sorted(flat)[0]
+  flat[key] = np.full_like(flat[key], np.nan)
+
+
+def _fp16(flat):
+  key = sorted(flat)[0]
+  flat[key] = flat[key].astype(np.float16)
+
+
+def _wrong_shape(flat):
+  key = sorted(flat)[0]
+  flat[key] = flat[key][:-1]
+
+
+def _missing(flat):
+  del flat[sorted(flat)[0]]
+
+
+@pytest.mark.parametrize("change, message", [
+    (_nan, "holds NaN or inf values"), (_fp16, r"is float16\[.*the functions take float32"),
+    (_wrong_shape, r"the functions take float32\["), (_missing, "params missing")])
+def test_params_must_be_what_the_functions_take_and_finite(artifacts, tmp_path, capfd, change,
+                                                           message):
+  artifact = tampered(artifacts, tmp_path, **{"params.safetensors": params_file(artifacts,
+                                                                                change)})
+  assert re.search(message, loader_error(artifact, capfd))
+
+
+def test_a_damaged_file_fails_its_checksum_and_a_cut_export_is_named(artifacts, tmp_path, capfd):
+  data = bytearray((artifacts["byte"][1] / "params.safetensors").read_bytes())
+  data[len(data) // 2] ^= 0x10
+  flipped = tampered(artifacts, tmp_path / "a", reseal=False,
+                     **{"params.safetensors": bytes(data)})
+  assert "params.safetensors fails its SHA-256 check" in loader_error(flipped, capfd)
+  export = (artifacts["byte"][1] / "greedy.jax_export").read_bytes()
+  cut = tampered(artifacts, tmp_path / "b", reseal=False,
+                 **{"greedy.jax_export": export[:len(export) // 2]})
+  assert f"has {len(export) // 2} bytes, {len(export)} were written" in loader_error(cut, capfd)
+  resealed = tampered(artifacts, tmp_path / "c", **{"greedy.jax_export": export[:100]})
+  assert "is not a readable jax.export function" in loader_error(resealed, capfd)
+
+
+def test_paths_that_leave_the_artifact_are_refused(artifacts, tmp_path, capfd):
+  outside = tmp_path / "other"
+  outside.mkdir()
+  shutil.copy(artifacts["byte"][1] / "params.safetensors", outside)
+  escape = tampered(artifacts, tmp_path / "a", manifest=lambda m: {
+      **m, "params": "../other/params.safetensors"})
+  assert "is outside the artifact's folder" in loader_error(escape, capfd)
+  vocabulary = json.loads((artifacts["sentencepiece"][1] / "vocabulary.json").read_text())
+  passwd = json.dumps({**vocabulary, "model_file": "/etc/passwd"}).encode()
+  absolute = tampered(artifacts, tmp_path / "b", kind="sentencepiece",
+                      **{"vocabulary.json": passwd})
+  assert "'/etc/passwd' is outside the artifact's folder" in loader_error(absolute, capfd)
+
+
+def test_a_vocabulary_larger_than_the_model_is_refused_before_it_is_built(artifacts, tmp_path,
+                                                                          capfd):
+  vocabulary = json.loads((artifacts["byte"][1] / "vocabulary.json").read_text())
+  huge = json.dumps({**vocabulary, "extra_ids": 30_000_000}).encode()
+  artifact = tampered(artifacts, tmp_path, **{"vocabulary.json": huge})
+  assert ("extra_ids 30000000 does not fit the model's 512 embedding rows"
+          in loader_error(artifact, capfd))
+
+
+def test_an_artifact_without_checksums_loads_with_a_warning(artifacts, tmp_path, capfd):
+  artifact = tampered(artifacts, tmp_path, manifest=lambda m: {
+      k: v for k, v in m.items() if k != "files"})
+  capfd.readouterr()
+  model = serving_loader.ServingModel.load(artifact)
+  assert model.vocabulary is not None
+  assert "lists no checksums" in capfd.readouterr().err

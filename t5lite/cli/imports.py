@@ -75,9 +75,10 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
   vocabulary = hf_vocabulary(source)
   check_vocabulary_fits(config, vocabulary, source)
   if vocabulary is None:
-    warnings.warn(f"{source} has no tokenizer files t5lite reads (spiece.model, ByT5, "
+    warnings.warn(f"{source} has no tokenizer files t5lite reads (spiece.model, "
                   "vocab.txt, vocab.json + merges.txt, tokenizer.json): the MODEL_DIR gets no "
-                  "vocabulary, so eval and infer will need T5LITE_VOCAB")
+                  "vocabulary; copy the model's tokenizer files into that MODEL_DIR (--out) "
+                  "before `t5lite infer` (training and eval use their task's vocabulary)")
   path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
   return {"import": "hf", "from": os.path.abspath(source), "out": os.path.abspath(out),
           "checkpoint": path, "param_dtype": config.param_dtype,

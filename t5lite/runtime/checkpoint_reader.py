@@ -90,7 +90,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
   sealed, error = None, None
   if jax.process_index() == 0:
     try:
-      sealed = integrity.verify(step_dir, step)
+      sealed = integrity.verify(step_dir, step, name_folder=True)
     except CorruptCheckpointError as e:
       error = e
   if any(all_flags(error is not None)):

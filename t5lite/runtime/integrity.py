@@ -92,20 +92,23 @@ def describe(rel: str) -> str:
   return "checkpoint metadata"
 
 
-def verify(step_dir: str, step: int) -> bool:
+def verify(step_dir: str, step: int, *, name_folder: bool = False) -> bool:
   """Checks every listed file of a sealed step: True when it was sealed and is intact, False
-  when it was never sealed. Raises CorruptCheckpointError naming the step and the file."""
+  when it was never sealed. Raises CorruptCheckpointError naming the step and the file, and
+  with `name_folder` the step's folder too (a reader of another run's checkpoint, a teacher's
+  or a base's, says whose step it is: the run's own steps may have the same numbers)."""
+  step_name = f"checkpoint step {step}" + (f" in {step_dir}" if name_folder else "")
   path = paths.join(step_dir, CHECKSUMS_FILE)
   if not paths.isfile(path):
     return False
   try:
     listed = json.loads(paths.read_text(path))["files"]
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise CorruptCheckpointError(f"checkpoint step {step}: its checksum list {CHECKSUMS_FILE} "
+    raise CorruptCheckpointError(f"{step_name}: its checksum list {CHECKSUMS_FILE} "
                                  f"is unreadable ({e})") from e
   for rel, want in sorted(listed.items()):
     full = paths.join(step_dir, rel)
-    what = f"checkpoint step {step}: {rel} ({describe(rel)})"
+    what = f"{step_name}: {rel} ({describe(rel)})"
     if not paths.isfile(full):
       raise CorruptCheckpointError(f"{what} is missing")
     size = paths.size(full)

@@ -173,6 +173,37 @@ def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR", *,
         "s3fs-fuse) and name the mount; s3:// works for data, vocabularies and exports")
 
 
+# The longest path orbax and t5lite write below a MODEL_DIR, past it: "/checkpoints/" + a
+# step's uncommitted folder ("<step>.orbax-checkpoint-tmp-<timestamp>", or a damaged step's
+# "<step>.corrupt-<n>") + "/state/ocdbt.process_<n>/d/" + a 32-digit hex file name.
+DEEPEST_BELOW = 160
+
+
+def check_path_length(model_dir: str | os.PathLike, what: str = "MODEL_DIR") -> None:
+  """Raises ConfigError for a local MODEL_DIR so long that the files of its checkpoints would
+  pass the system's path limit (PATH_MAX): otherwise the run would train until its first save,
+  then stop. A bucket's object names have their own limit (1,024 bytes), checked likewise."""
+  path = os.fspath(model_dir)
+  if paths.is_url(path):
+    scheme, _, bucket = path.split("/", 3)[:3]  # "gs:", "", BUCKET: 1,024 bytes past them
+    limit = len(os.fsencode(f"{scheme}//{bucket}/")) + 1024
+  else:
+    path = os.path.abspath(path)
+    existing = path
+    while not os.path.isdir(existing):
+      existing = os.path.dirname(existing)
+    try:
+      limit = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+      limit = 4096
+  size = len(os.fsencode(path))
+  if size + DEEPEST_BELOW >= limit:
+    raise ConfigError(
+        f"{what} is {size} bytes long ({path[:60]}...): its checkpoint files, up to "
+        f"{DEEPEST_BELOW} bytes deeper, would pass the limit of {limit} bytes for a path; "
+        f"choose a {what} under {limit - DEEPEST_BELOW} bytes")
+
+
 def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None:
   """With several processes, stops every one of them (ValueError, the same on each) unless
   all see `model_dir` as one folder: process 0 writes a file named by a fresh token there,

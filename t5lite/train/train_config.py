@@ -105,5 +105,6 @@ class TrainConfig:
     if not self.model_dir:
       raise ConfigError("TrainConfig.model_dir (MODEL_DIR) is not set")
     model_dir_lib.check_location(self.model_dir)
+    model_dir_lib.check_path_length(self.model_dir)
     model_dir_lib.check_location(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
     recipes.check_config(self)  # one recipe at most, and one it can train

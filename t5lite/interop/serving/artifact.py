@@ -7,7 +7,8 @@
 writes
 
   DIR/serving.json         manifest: model config, step, lengths, methods, beam settings,
-                           jax version, the platforms the functions were lowered for
+                           jax version, the platforms the functions were lowered for, and
+                           the size and SHA-256 of every other file (the loader checks them)
   DIR/params.safetensors   the params, keys joined with '/' ("decoder/layers_0/..."), dtypes kept
   DIR/greedy.jax_export    one serialized function per method: fn(params, tokens) -> ids, where
   DIR/beam.jax_export      tokens is (batch, input_length) int32, 0-padded, any batch size
@@ -33,6 +34,7 @@ tokens) with adapter_ids (batch,) int32, one adapter per row, all rows in one pr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
@@ -60,7 +62,7 @@ PARAMS_FILE = "params.safetensors"
 LOADER_FILE = "serving_loader.py"
 EXPORT_SUFFIX = ".jax_export"
 FORMAT = "t5lite-serving"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: serving.json lists every file's size and SHA-256
 METHODS = ("greedy", "beam")
 PLATFORMS = ("cpu", "cuda")
 KEY_SEPARATOR = "/"
@@ -198,7 +200,20 @@ def _write_artifact(out_dir: str, manifest: dict, params, exports: dict,
     vocabulary.save(out_dir)
   shutil.copyfile(os.path.join(os.path.dirname(__file__), LOADER_FILE),
                   os.path.join(out_dir, LOADER_FILE))
-  model_dir.write_json(os.path.join(out_dir, MANIFEST_FILE), manifest)
+  # Written last, so that an artifact with a manifest is whole.
+  model_dir.write_json(os.path.join(out_dir, MANIFEST_FILE),
+                       {**manifest, "files": _checksums(out_dir)})
+
+
+def _checksums(out_dir: str) -> dict:
+  """{file name: {"size", "sha256"}} of every file in out_dir (sha256: hashlib alone, so the
+  loader needs no other package to check them)."""
+  listed = {}
+  for name in sorted(os.listdir(out_dir)):
+    with open(os.path.join(out_dir, name), "rb") as f:
+      listed[name] = {"size": os.path.getsize(f.name),
+                      "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+  return listed
 
 
 def _check_settings(input_length: int, max_decode_length: int, methods: Sequence[str],

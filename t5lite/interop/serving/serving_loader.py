@@ -20,10 +20,17 @@ decoded like their `decode`. An input longer than the artifact's input_length is
 The model runs on jax's default device when the artifact was lowered for its platform
 (serving.json's "platforms"), else on the cpu: an artifact exported for cpu alone still runs
 on a machine whose default backend is a GPU.
+
+Nothing in an artifact is trusted whole: every file serving.json names must stay inside the
+artifact's folder and match the size and SHA-256 that serving.json lists for it; the
+vocabulary may not be larger than the model's embedding; every param must have the shape and
+dtype the exported functions take, and be finite. Otherwise loading stops with a
+ServingError naming the file and the fix; the command line prints it in one line and exits 2.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import struct
@@ -42,6 +49,11 @@ CPU_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 PAD_ID, EOS_ID = 0, 1
 
 
+class ServingError(ValueError):
+  """An artifact that is damaged, altered or unsafe to load, or an input it cannot take: no
+  bug, so the command line says it in one line (exit 2)."""
+
+
 class ServingModel:
   """An artifact's exported decode functions, its params (on `device`, see run_device) and
   its vocabulary (None when the artifact has none: ids only)."""
@@ -58,25 +70,32 @@ class ServingModel:
   @classmethod
   def load(cls, directory) -> "ServingModel":
     directory = pathlib.Path(directory)
-    manifest_path = directory / MANIFEST_FILE
-    if not manifest_path.is_file():
-      raise FileNotFoundError(f"no {MANIFEST_FILE} in {directory}: not a t5lite serving artifact")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-      raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    device = run_device(manifest.get("platforms") or ["cpu"])
-    params = jax.device_put(load_params(directory / manifest["params"]), device)
-    functions = {}
+    manifest = read_manifest(directory)
+    files = ArtifactFiles(directory, manifest)
+    exports = {}
     for method, file_name in manifest["exports"].items():
-      exported = jax.export.deserialize(bytearray((directory / file_name).read_bytes()))
-      # Compiled once per batch size. On the CPU with XLA's memory-optimized scheduler, as
-      # t5lite decodes: a scanned model's layer slices are then made one at a time, where
-      # they are read, instead of all at once (a second copy of the layers).
-      cpu = (device.platform if device is not None else jax.default_backend()) == "cpu"
-      functions[method] = jax.jit(exported.call, compiler_options=CPU_OPTIONS if cpu else None)
+      try:
+        exports[method] = jax.export.deserialize(bytearray(files.read(file_name, "export")))
+      except ServingError:
+        raise
+      except Exception as error:  # a cut or foreign file: flatbuffers raises many kinds
+        raise ServingError(f"{directory / file_name} is not a readable jax.export function "
+                           f"({type(error).__name__}); export the artifact again") from error
+    params = load_params(files.path(manifest["params"], "params"))
+    if exports:
+      check_params(params, next(iter(exports.values())), files.path(manifest["params"]))
+    device = run_device(manifest.get("platforms") or ["cpu"])
+    params = jax.device_put(params, device)
+    # Compiled once per batch size. On the CPU with XLA's memory-optimized scheduler, as
+    # t5lite decodes: a scanned model's layer slices are then made one at a time, where they
+    # are read, instead of all at once (a second copy of the layers).
+    cpu = (device.platform if device is not None else jax.default_backend()) == "cpu"
+    functions = {method: jax.jit(exported.call, compiler_options=CPU_OPTIONS if cpu else None)
+                 for method, exported in exports.items()}
     vocabulary = None
     if manifest.get("vocabulary"):
-      vocabulary = load_vocabulary(directory, manifest["vocabulary"])
+      vocabulary = load_vocabulary(files, manifest["vocabulary"],
+                                   int(manifest["model_config"]["vocab_size"]))
     return cls(directory, manifest, params, functions, vocabulary, device)
 
   @property
@@ -99,7 +118,7 @@ class ServingModel:
     adapters (an artifact of several adapters): each row's adapter name, or one name for all
     rows; None: the artifact's default_adapter."""
     if method not in self.functions:
-      raise ValueError(f"method {method!r} was not exported; this artifact has "
+      raise ServingError(f"method {method!r} was not exported; this artifact has "
                        f"{sorted(self.functions)}")
     tokens = self._padded(tokens)
     if tokens.shape[0] == 0:
@@ -108,7 +127,7 @@ class ServingModel:
     if self.adapters is not None:
       args = (self.params, self._adapter_ids(adapters, tokens.shape[0]), tokens)
     elif adapters is not None:
-      raise ValueError(f"{self.directory} serves one model, not several adapters: call "
+      raise ServingError(f"{self.directory} serves one model, not several adapters: call "
                        "generate without adapters")
     if self.device is None:
       return np.asarray(self.functions[method](*args))
@@ -120,17 +139,17 @@ class ServingModel:
     if adapters is None:
       adapters = self.manifest.get("default_adapter")
       if adapters is None:  # soft prompts, prefixes or saved modules: no row of the base
-        raise ValueError(f"name each row's adapter, one of {self.adapters[1:]}")
+        raise ServingError(f"name each row's adapter, one of {self.adapters[1:]}")
     names = [adapters] * rows if isinstance(adapters, str) else list(adapters)
     if len(names) != rows:
-      raise ValueError(f"{len(names)} adapter names for {rows} rows")
+      raise ServingError(f"{len(names)} adapter names for {rows} rows")
     if not self.manifest.get("base_rows", True) and self.adapters[0] in names:
-      raise ValueError(f"this artifact serves no row of the base alone (its adapters are soft "
+      raise ServingError(f"this artifact serves no row of the base alone (its adapters are soft "
                        f"prompts, prefixes or train whole modules); name one of "
                        f"{self.adapters[1:]}")
     unknown = sorted({n for n in names if n not in self.adapters})
     if unknown:
-      raise ValueError(f"adapters {unknown} are not in this artifact; it serves "
+      raise ServingError(f"adapters {unknown} are not in this artifact; it serves "
                        f"{self.adapters} ({self.adapters[0]!r}: the base alone)")
     return np.asarray([self.adapters.index(n) for n in names], np.int32)
 
@@ -139,11 +158,11 @@ class ServingModel:
     """Encodes each text (EOS appended), decodes the batch, and returns the output texts
     (adapters: as generate's)."""
     if self.vocabulary is None:
-      raise ValueError(f"{self.directory} holds no vocabulary: use generate() on token ids")
+      raise ServingError(f"{self.directory} holds no vocabulary: use generate() on token ids")
     rows = [list(self.vocabulary.encode(text)) + [EOS_ID] for text in texts]
     for text, row in zip(texts, rows):
       if len(row) > self.input_length:
-        raise ValueError(self._too_long(len(row), f"the text {_preview(text)!r} encodes to"))
+        raise ServingError(self._too_long(len(row), f"the text {_preview(text)!r} encodes to"))
     tokens = np.zeros((len(rows), self.input_length), np.int32)
     for i, row in enumerate(rows):
       tokens[i, :len(row)] = row
@@ -153,7 +172,7 @@ class ServingModel:
     """tokens as (B, input_length) int32, padded with 0 on the right; longer rows refused."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
-      raise ValueError(f"tokens must be a (batch, length) integer array, got {tokens.dtype} "
+      raise ServingError(f"tokens must be a (batch, length) integer array, got {tokens.dtype} "
                        f"{tokens.shape}")
     length = tokens.shape[1]
     if length > self.input_length:
@@ -161,7 +180,7 @@ class ServingModel:
       lengths = np.max(np.where(tokens != PAD_ID, np.arange(1, length + 1), 0), axis=1,
                        initial=0)
       if lengths.max(initial=0) > self.input_length:
-        raise ValueError(self._too_long(int(lengths.max()), "an input row has"))
+        raise ServingError(self._too_long(int(lengths.max()), "an input row has"))
       tokens = tokens[:, :self.input_length]
     return np.pad(tokens.astype(np.int32), ((0, 0), (0, self.input_length - tokens.shape[1])))
 
@@ -181,10 +200,106 @@ def run_device(platforms: Sequence[str], default_platform: str | None = None):
   return None if default_platform in platforms else jax.devices("cpu")[0]
 
 
+def read_manifest(directory: pathlib.Path) -> dict:
+  path = directory / MANIFEST_FILE
+  if not path.is_file():
+    raise ServingError(f"no {MANIFEST_FILE} in {directory}: not a t5lite serving artifact")
+  try:
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as error:
+    raise ServingError(f"{path} cannot be read ({error}); export the artifact again") from None
+  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+    raise ServingError(f"{path}: format {found!r}, expected {FORMAT!r}")
+  missing = [k for k in ("params", "exports", "model_config") if k not in manifest]
+  if missing or not isinstance(manifest["exports"], dict):
+    raise ServingError(f"{path} lacks {missing or ['exports']}: export the artifact again")
+  return manifest
+
+
+class ArtifactFiles:
+  """The files serving.json names: each inside the artifact's folder, and (an artifact of
+  format_version 2 on) of the size and SHA-256 its "files" lists, checked when first read."""
+
+  def __init__(self, directory: pathlib.Path, manifest: dict):
+    self.directory = directory.resolve()
+    self.listed = manifest.get("files")
+    if self.listed is None:  # format_version 1: written before artifacts carried checksums
+      print(f"serving_loader: warning: {directory / MANIFEST_FILE} lists no checksums (an "
+            "artifact of an older t5lite); its files are read unverified", file=sys.stderr)
+    self.checked: set[str] = set()
+
+  def path(self, name, what: str = "file") -> pathlib.Path:
+    """The verified path of a file serving.json (or vocabulary.json) names."""
+    if not isinstance(name, str) or not name:
+      raise ServingError(f"{self.directory / MANIFEST_FILE}: {what} file {name!r} is not a "
+                         "file name")
+    path = (self.directory / name).resolve()
+    if path.parent != self.directory:
+      raise ServingError(f"{self.directory / MANIFEST_FILE}: {what} file {name!r} is outside "
+                         "the artifact's folder; an artifact reads only its own files")
+    if name not in self.checked:
+      self._verify(name, path)
+      self.checked.add(name)
+    return path
+
+  def read(self, name, what: str = "file") -> bytes:
+    return self.path(name, what).read_bytes()
+
+  def _verify(self, name: str, path: pathlib.Path) -> None:
+    if not path.is_file():
+      raise ServingError(f"{path} is missing; copy the whole artifact folder")
+    if self.listed is None:
+      return
+    want = self.listed.get(name)
+    if not isinstance(want, dict):
+      raise ServingError(f"{path} is not among the files {MANIFEST_FILE} lists checksums for; "
+                         "export the artifact again")
+    size = path.stat().st_size
+    if size != want.get("size"):
+      raise ServingError(f"{path} has {size} bytes, {want.get('size')} were written; copy the "
+                         "artifact again")
+    with open(path, "rb") as f:
+      digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != want.get("sha256"):
+      raise ServingError(f"{path} fails its SHA-256 check (damaged or changed since export); "
+                         "copy or export the artifact again")
+
+
+def check_params(params: dict, exported, path: pathlib.Path) -> None:
+  """params must be what the exported functions take, leaf for leaf, and finite."""
+  treedef = exported.in_tree.children()[0].children()[0]  # ((params, ...), {}) -> params
+  wanted = _flat(jax.tree_util.tree_unflatten(treedef, exported.in_avals[:treedef.num_leaves]))
+  have = _flat(params)
+  missing, extra = sorted(set(wanted) - set(have)), sorted(set(have) - set(wanted))
+  if missing or extra:
+    raise ServingError(f"{path}: params missing {missing[:3]}, unexpected {extra[:3]}; the "
+                       "params do not belong to this artifact's functions")
+  for key, aval in wanted.items():
+    value = have[key]
+    if value.shape != tuple(aval.shape) or value.dtype != aval.dtype:
+      raise ServingError(f"{path}: {key} is {value.dtype}{list(value.shape)}, the functions "
+                         f"take {aval.dtype}{list(aval.shape)}; export the artifact again")
+    if np.issubdtype(value.dtype, np.inexact) or value.dtype.name == "bfloat16":
+      if not np.isfinite(value).all():
+        raise ServingError(f"{path}: {key} holds NaN or inf values; export the artifact again "
+                           "from a healthy checkpoint")
+
+
+def _flat(tree: dict) -> dict:
+  return {"/".join(str(getattr(k, "key", k)) for k in key_path): leaf
+          for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def load_params(path: pathlib.Path) -> dict:
   """The nested params dict from params.safetensors' flat 'a/b/c' keys, dtypes as saved."""
   params: dict = {}
-  for key, value in safetensors.numpy.load_file(str(path)).items():
+  try:
+    flat = safetensors.numpy.load_file(str(path))
+  except Exception as error:  # a cut header, a foreign file, an unknown dtype
+    raise ServingError(f"{path} is not a readable safetensors file ({error}); export the "
+                       "artifact again") from error
+  for key, value in flat.items():
     *parents, leaf = key.split("/")
     node = params
     for name in parents:
@@ -247,20 +362,32 @@ class _ByteVocabulary(_Vocabulary):
         "utf-8", errors="ignore")
 
 
-def load_vocabulary(directory: pathlib.Path, config_file: str) -> _Vocabulary:
-  """Reads what t5lite's Vocabulary.save wrote (vocabulary.json, spiece.model)."""
-  config = json.loads((directory / config_file).read_text(encoding="utf-8"))
-  if config.get("kind") == "byte":
-    vocabulary = _ByteVocabulary(256 + _ByteVocabulary.OFFSET + int(config["extra_ids"]))
-  elif config.get("kind") == "sentencepiece":
-    model = (directory / config.get("model_file", "spiece.model")).read_bytes()
-    vocabulary = _SentencePieceVocabulary(model, int(config["extra_ids"]))
+def load_vocabulary(files: ArtifactFiles, config_file: str, model_rows: int) -> _Vocabulary:
+  """Reads what t5lite's Vocabulary.save wrote (vocabulary.json, spiece.model); its ids must
+  fit the model's `model_rows` embedding rows."""
+  where = files.directory / str(config_file)
+  try:
+    config = json.loads(files.read(config_file, "vocabulary").decode("utf-8"))
+    kind, extra_ids, size = config.get("kind"), config["extra_ids"], config["vocab_size"]
+  except (ValueError, KeyError, AttributeError) as error:
+    raise ServingError(f"{where} is not a t5lite vocabulary.json ({error!r})") from None
+  for name, value in (("extra_ids", extra_ids), ("vocab_size", size)):
+    if not isinstance(value, int) or not 0 <= value <= model_rows:
+      raise ServingError(f"{where}: {name} {value!r} does not fit the model's {model_rows} "
+                         "embedding rows; export the artifact again")
+  if kind == "byte":
+    vocabulary = _ByteVocabulary(256 + _ByteVocabulary.OFFSET + extra_ids)
+  elif kind == "sentencepiece":
+    model = files.read(config.get("model_file", "spiece.model"), "sentencepiece model")
+    try:
+      vocabulary = _SentencePieceVocabulary(model, extra_ids)
+    except RuntimeError as error:  # sentencepiece's parse error
+      raise ServingError(f"{where}: its sentencepiece model cannot be read ({error})") from None
   else:
-    raise ValueError(f"{directory / config_file}: vocabulary kind {config.get('kind')!r} is "
-                     "not 'sentencepiece' or 'byte'")
-  if vocabulary.vocab_size != config["vocab_size"]:
-    raise ValueError(f"{directory / config_file} says vocab_size {config['vocab_size']}, the "
-                     f"files give {vocabulary.vocab_size}")
+    raise ServingError(f"{where}: vocabulary kind {kind!r} is not 'sentencepiece' or 'byte'")
+  if vocabulary.vocab_size != size:
+    raise ServingError(f"{where} says vocab_size {size}, the files give "
+                       f"{vocabulary.vocab_size}")
   return vocabulary
 
 
@@ -304,8 +431,13 @@ def main(argv: Sequence[str]) -> int:
                       help="an artifact of several adapters: the one every input uses")
   args = parser.parse_args(argv)
   texts = args.text if args.text is not None else [line.rstrip("\n") for line in sys.stdin]
-  model = ServingModel.load(args.artifact)
-  for output in model.generate_text(texts, method=args.method, adapters=args.adapter):
+  try:
+    model = ServingModel.load(args.artifact)
+    outputs = model.generate_text(texts, method=args.method, adapters=args.adapter)
+  except ServingError as error:
+    print(f"serving_loader: error: {error}", file=sys.stderr)
+    return 2
+  for output in outputs:
     print(output)
   return 0
 
