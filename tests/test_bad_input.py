@@ -123,6 +123,26 @@ def test_deep_json_lone_surrogates_and_cut_parquet_name_their_file(tmp_path):
       make()
 
 
+def test_a_null_in_a_parquet_or_arrow_text_column_names_the_file_and_row(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  from t5lite.data.sources.readers import ParquetSource
+  from t5lite.data.sources.streams import ArrowStream, ParquetStream
+  table = pa.table({"text": ["a", "b", None], "id": [1, 2, 3]})
+  pq.write_table(table, tmp_path / "rows.parquet", row_group_size=2)
+  with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+      writer.write_table(table)
+  assert ParquetSource(str(tmp_path / "rows.parquet"), text_fields="text")[1]["text"] == "b"
+  with pytest.raises(ConfigError, match=r"rows\.parquet: row 3: field 'text' is null, expected "
+                     "text"):
+    ParquetSource(str(tmp_path / "rows.parquet"), text_fields=("text",))[2]
+  for stream in (ParquetStream(str(tmp_path / "rows.parquet"), text_fields=("text",)),
+                 ArrowStream(str(tmp_path / "rows.arrow"), text_fields=("text",))):
+    with pytest.raises(ConfigError, match=r"rows\.(parquet|arrow): row 3: field 'text' is null"):
+      list(stream.examples(0))
+
+
 def test_local_glue_files_name_the_row_and_field(tmp_path, monkeypatch):
   cola = tmp_path / "glue" / "cola"
   cola.mkdir(parents=True)

@@ -378,6 +378,68 @@ def test_bad_adapters_are_refused_by_name(base, tmp_path, capsys):
     peft_format.load_peft(good, config)
 
 
+SETTINGS_CASES = [
+    ({"lora_alpha": "abc"}, r"lora_alpha 'abc' is not a finite number"),
+    ({"lora_alpha": 1e308}, r"lora_alpha 1e\+308 is not a finite number float32 can hold"),
+    ({"lora_dropout": "x"}, r"lora_dropout 'x' is not a probability in \[0, 1\)"),
+    ({"alpha_pattern": {"(": 3}}, r"alpha_pattern key '\(' is not a regular expression"),
+    ({"alpha_pattern": [1, 2]}, r"alpha_pattern is a JSON list"),
+    ({"alpha_pattern": {"c_attn": "big"}}, r"alpha_pattern\['c_attn'\] 'big' is not a finite"),
+    ({"use_rslora": "no"}, r"use_rslora 'no' is not true or false"),
+    ({"r": 0}, r": r 0 is not a positive integer rank")]
+
+
+def _rank_zero(t):
+  t[LORA_KEY.format("A")] = np.ones((0, 24), np.float32)
+  t[LORA_KEY.format("B")] = np.ones((72, 0), np.float32)
+
+
+def _zero_d(t):
+  t[LORA_KEY.format("A")] = np.array(1.0, np.float32)
+
+
+def _all_nan(t):
+  t[LORA_KEY.format("B")] = np.full_like(t[LORA_KEY.format("B")], np.nan)
+
+
+LORA_KEY = "base_model.model.transformer.h.0.attn.c_attn.lora_{}.weight"
+TENSOR_CASES = [(_rank_zero, r"lora_A.weight has shape \(0, 24\); a LoRA weight is a"),
+                (_zero_d, r"lora_A.weight has shape \(\); a LoRA weight is a"),
+                (_all_nan, r"lora_B.weight holds NaN or inf values")]
+
+
+def test_crafted_settings_and_tensors_are_refused_in_one_line(base, tmp_path, capsys):
+  """Each field or tensor peft would write otherwise: one ConfigError naming it (exit 2 from
+  `t5lite import peft`), never a traceback or a silent misreading."""
+  hf_dir, config, _ = base("gpt2")
+  good = str(tmp_path / "adapter")
+  peft_adapter(hf_dir, "gpt2", dict(r=2, target_modules=["c_attn"], fan_in_fan_out=True), good)
+  settings_file = os.path.join(good, "adapter_config.json")
+  settings = json.loads(open(settings_file).read())
+  for change, message in SETTINGS_CASES:
+    with open(settings_file, "w") as f:
+      json.dump({**settings, **change}, f)
+    with pytest.raises(ConfigError, match=message):
+      peft_format.load_peft(good, config)
+  with open(settings_file, "w") as f:
+    json.dump(settings, f)
+  weights = os.path.join(good, "adapter_model.safetensors")
+  original = open(weights, "rb").read()
+  for change, message in TENSOR_CASES:
+    with open(weights, "wb") as f:
+      f.write(original)
+    rewrite(good, change)
+    with pytest.raises(ConfigError, match=message):
+      peft_format.load_peft(good, config)
+  home = base_dir(base, "gpt2", tmp_path / "base")
+  capsys.readouterr()
+  assert cli.main(["import", "peft", "--from", good, "--base", home,
+                   "--out", str(tmp_path / "run")]) == 2
+  err = capsys.readouterr().err
+  assert "holds NaN or inf values" in err and "Traceback" not in err
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
 def test_changed_base_and_plain_runs_are_refused(base, tmp_path, capsys):
   hf_dir, config, params = base("gpt2")
   peft_adapter(hf_dir, "gpt2", dict(r=2, target_modules=["c_attn"], fan_in_fan_out=True),

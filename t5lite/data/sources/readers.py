@@ -105,6 +105,13 @@ def json_example(line: str, where: Callable[[], str], text_fields: Sequence[str]
                       ) from None
   if not isinstance(example, dict):
     raise ConfigError(f"{where()}: expected a JSON object, got {type(example).__name__}")
+  return check_text_fields(example, where, text_fields)
+
+
+def check_text_fields(example: dict, where: Callable[[], str],
+                      text_fields: Sequence[str]) -> dict:
+  """example, once each of text_fields holds text (present, a str, no lone surrogate);
+  otherwise a ConfigError starting with where() ('FILE:LINE', 'FILE: row N')."""
   for field in text_fields:
     if field not in example:
       raise ConfigError(f"{where()}: no field {field!r} (the row has {sorted(example)})")
@@ -203,14 +210,17 @@ def parquet_file(path: str):
 
 class ParquetSource(IndexedFileSource):
   """One example per row of Parquet files (pyarrow); lists come back as numpy arrays.
+  text_fields as JsonlSource's: a null there names the file and row.
 
   Random access reads one row group at a time and keeps the last two decoded.
   """
   _uses_buffers = False
 
-  def __init__(self, patterns: Patterns, columns: Sequence[str] | None = None):
+  def __init__(self, patterns: Patterns, columns: Sequence[str] | None = None,
+               text_fields: Sequence[str] = ()):
     super().__init__(patterns)
     self.columns = None if columns is None else list(columns)
+    self.text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
     self._groups: dict[tuple[int, int], dict[str, list]] = {}
 
   def _index_file(self, path: str, buf: Any) -> np.ndarray:
@@ -237,14 +247,17 @@ class ParquetSource(IndexedFileSource):
     group = int(np.searchsorted(groups, index, side="right"))
     row = index - (int(groups[group - 1]) if group else 0)
     columns = self._row_group(file_id, group)
-    return {k: np.asarray(v[row]) if isinstance(v[row], list) else v[row]
-            for k, v in columns.items()}
+    example = {k: np.asarray(v[row]) if isinstance(v[row], list) else v[row]
+               for k, v in columns.items()}
+    return check_text_fields(example, lambda: f"{self.files[file_id]}: row {index + 1}",
+                             self.text_fields)
 
   def __getstate__(self) -> dict[str, Any]:
     return {**super().__getstate__(), "_groups": {}}
 
   def _repr_args(self) -> str:
-    return f"{self._patterns!r}, columns={self.columns!r}"
+    fields = f", text_fields={self.text_fields!r}" if self.text_fields else ""
+    return f"{self._patterns!r}, columns={self.columns!r}{fields}"
 
 
 class FunctionSource:

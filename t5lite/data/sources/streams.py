@@ -34,7 +34,7 @@ import numpy as np
 
 from t5lite.data.sources import crc32c
 from t5lite.data.sources.files import Patterns, expand_patterns
-from t5lite.data.sources.readers import json_example, parquet_file
+from t5lite.data.sources.readers import check_text_fields, json_example, parquet_file
 from t5lite.data.sources.tfrecord_example import parse_example
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.util import paths
@@ -217,9 +217,10 @@ class _ColumnarStream(StreamingSource):
   """Shards of record batches (Parquet, Arrow): one batch decoded at a time."""
 
   def __init__(self, patterns: Patterns, columns: Sequence[str] | None = None, *,
-               num_examples: int | None = None):
+               num_examples: int | None = None, text_fields: Sequence[str] = ()):
     super().__init__(patterns, num_examples)
     self.columns = None if columns is None else list(columns)
+    self.text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
 
   @abc.abstractmethod
   def _batches(self, shard: int, start: int) -> Iterator[tuple[int, Any]]:
@@ -241,7 +242,8 @@ class _ColumnarStream(StreamingSource):
         yield _row(columns, i)
 
   def _parse(self, record: dict[str, Any], shard: int, number: int) -> dict[str, Any]:
-    return record
+    return check_text_fields(record, lambda: f"{self.files[shard]}: row {number + 1}",
+                             self.text_fields)
 
 
 class ParquetStream(_ColumnarStream):
@@ -275,10 +277,10 @@ class ArrowStream(_ColumnarStream):
   through a memory map, so a batch's pages are read only when its rows are."""
 
   def __init__(self, patterns: Patterns, columns: Sequence[str] | None = None, *,
-               num_examples: int | None = None):
+               num_examples: int | None = None, text_fields: Sequence[str] = ()):
     if isinstance(patterns, (str, os.PathLike)) and os.path.isdir(os.path.expanduser(patterns)):
       patterns = _saved_dataset_files(os.path.expanduser(os.fspath(patterns)))
-    super().__init__(patterns, columns, num_examples=num_examples)
+    super().__init__(patterns, columns, num_examples=num_examples, text_fields=text_fields)
 
   def _reader(self, shard: int):
     import pyarrow as pa  # pylint: disable=import-outside-toplevel
@@ -313,14 +315,16 @@ class HfStream(StreamingSource):
   own formats (json, parquet, csv, text, arrow, a dataset folder's scripts-free layout), from
   local files or bucket URLs (fsspec). Shards are the dataset's own (`n_shards`: its files).
 
-  Example: HfStream("json", data_files="corpus/*.jsonl.gz", split="train").
+  Example: HfStream("json", data_files="corpus/*.jsonl.gz", split="train",
+  text_fields=("text",)) (text_fields as JsonlSource's: a null there names the shard and row).
   Needs the `datasets` package (pip install t5lite[hf-datasets]).
   """
 
   def __init__(self, path: str, *, split: str = "train", data_files=None,
-               num_examples: int | None = None, **load_kwargs):
+               num_examples: int | None = None, text_fields: Sequence[str] = (), **load_kwargs):
     super().__init__(data_files if data_files is not None else path, num_examples)
     self.path, self.split, self.data_files, self.load_kwargs = path, split, data_files, load_kwargs
+    self.text_fields = (text_fields,) if isinstance(text_fields, str) else tuple(text_fields)
     self._dataset = None
 
   def _load(self):
@@ -347,7 +351,9 @@ class HfStream(StreamingSource):
     return iter(part.skip(start) if start else part)
 
   def _parse(self, record: dict[str, Any], shard: int, number: int) -> dict[str, Any]:
-    return {k: np.asarray(v) if isinstance(v, list) else v for k, v in record.items()}
+    example = {k: np.asarray(v) if isinstance(v, list) else v for k, v in record.items()}
+    return check_text_fields(example, lambda: f"{self.files[shard]}: row {number + 1}",
+                             self.text_fields)
 
   def __getstate__(self) -> dict[str, Any]:
     return {**self.__dict__, "_dataset": None}

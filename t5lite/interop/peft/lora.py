@@ -37,6 +37,7 @@ from flax import traverse_util
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.interop.hf import layout as hf_layout
 from t5lite.interop import limits
+from t5lite.interop.peft import settings as peft_settings
 from t5lite.models import adapters
 from t5lite.models.adapters import ALL_LINEAR, LAYER_MODULES, LORA_A, LORA_B, AdapterConfig
 from t5lite.models.config import ModelConfig
@@ -262,15 +263,18 @@ def read_dir(adapter_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
   if bad:
     raise ConfigError(f"{config_file}: {', '.join(bad)} has no t5lite equivalent (t5lite's "
                       "LoRA is plain LoRA on kernels: no DoRA, no trained biases)")
+  peft_settings.check(config_file, settings)
   weights = limits.file_inside(adapter_dir, WEIGHTS_FILE)
   if weights is None or not os.path.isfile(weights):
     raise ConfigFileNotFoundError(f"{os.path.join(adapter_dir, WEIGHTS_FILE)} not found (t5lite "
                                   "reads safetensors only; peft writes it by default)")
   try:
-    return settings, safetensors.numpy.load_file(weights)
+    tensors = safetensors.numpy.load_file(weights)
   except Exception as e:  # SafetensorError, OSError
     raise ConfigError(f"{weights} cannot be read (truncated or corrupted?): "
                       f"{type(e).__name__}: {e}") from e
+  peft_settings.check_tensors(weights, tensors)
+  return settings, tensors
 
 
 def _pattern_value(patterns: dict, module: str, default):
