@@ -58,6 +58,53 @@ def clean_registry():
   MixtureRegistry._registry.update(before[1])
 
 
+class RecordingVocabulary(ByteVocabulary):
+  """ByT5's vocabulary, noting the longest text it was asked to encode."""
+  longest = 0
+
+  def encode(self, s):
+    RecordingVocabulary.longest = max(RecordingVocabulary.longest, len(s))
+    return super().encode(s)
+
+
+def _run(steps, rows, lengths):
+  import grain
+  vocab = RecordingVocabulary()
+  task = Task("limits_probe", FunctionSource(lambda: rows),
+              {"inputs": Feature(vocab), "targets": Feature(vocab)}, steps)
+  RecordingVocabulary.longest = 0
+  ds = grain.MapDataset.source(rows).to_iter_dataset()
+  return list(pp.apply_preprocessors(ds, task, list(enumerate(task.preprocessors)),
+                                     sequence_length=lengths, seed=0))
+
+
+def test_enormous_rows_are_cut_before_tokenizing_and_yield_the_same_examples():
+  """A 3 MB line costs what a long one does: only what the later steps can keep is encoded,
+  and the examples are those of the whole text (the pretokenized copy stays whole)."""
+  huge = "word " * 600_000 + "tail"
+  rows = [{"inputs": huge, "targets": "short one"}, {"inputs": "x", "targets": huge}]
+  lengths = {"inputs": 64, "targets": 7}
+  out = _run([pp.tokenize, pp.append_eos_after_trim], rows, lengths)
+  assert RecordingVocabulary.longest == pp.CHARS_PER_TOKEN * 64 < len(huge)
+  for got, row in zip(out, rows):
+    for name, length in lengths.items():
+      whole = VOCAB.encode(row[name])[:length - 1].tolist() + [1]
+      assert got[name].tolist() == whole
+      assert got[f"{name}_pretokenized"] == row[name]
+  # A chain that keeps more than the feature length (T5's span corruption draws a chunk of up
+  # to 65,536 tokens per document) keeps that much; without lengths (a cache), the same.
+  keeps_all = pp.stream_preprocessor(lambda ds: ds)
+  out = _run([pp.tokenize, keeps_all], rows, lengths)
+  assert RecordingVocabulary.longest == pp.CHARS_PER_TOKEN * pp.DOCUMENT_TOKENS < len(huge)
+  assert out[1]["targets"].tolist() == VOCAB.encode(huge[:RecordingVocabulary.longest]).tolist()
+  assert pp.text_limits([pp.trim], FEATURES, None) == {
+      name: pp.CHARS_PER_TOKEN * pp.DOCUMENT_TOKENS for name in FEATURES}
+  assert pp.text_limits([pp.trim], FEATURES, {"targets": 10**6})["targets"] == 32 * 10**6
+  ordinary = [{"inputs": "a" * 500, "targets": "b" * 3000}]
+  _run([pp.tokenize, pp.trim], ordinary, {"inputs": 512, "targets": 512})
+  assert RecordingVocabulary.longest == 3000  # ordinary rows are never cut
+
+
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", "x..y", "-lead", "sp ace"])
 def test_invalid_names_are_rejected(name):
   with pytest.raises(ValueError, match="invalid task name"):

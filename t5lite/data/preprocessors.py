@@ -4,9 +4,17 @@ A preprocessor takes an example (dict of str / numpy arrays) and returns the new
 or None to drop it. It may ask for keyword arguments by name, which apply_preprocessors
 passes (as seqio does): `output_features` (the task's Features), `sequence_length` (the task
 feature lengths), `rng` (a numpy Generator seeded per example: deterministic and
-resumable) and `seed` (an int per preprocessor and batch row). Functions marked with
-@stream_preprocessor instead take and return a whole grain IterDataset (many-to-many steps
-such as concatenate-and-split).
+resumable), `seed` (an int per preprocessor and batch row) and `text_limits` (text_limits
+below). Functions marked with @stream_preprocessor instead take and return a whole grain
+IterDataset (many-to-many steps such as concatenate-and-split).
+
+Bounded work per example: `tokenize` encodes at most text_limits[name] characters of a
+feature's text, so that one enormous row (a 200 MB line) costs what a long one does instead
+of being tokenized whole and then trimmed. The limit never changes what a pipeline yields:
+CHARS_PER_TOKEN characters per token kept, where the tokens kept are the feature length when
+every later step keeps a prefix (@keeps_prefix: trim, append_eos, append_eos_after_trim; the
+batcher trims too), else DOCUMENT_TOKENS (T5's select_random_chunk keeps at most that many
+tokens of a document), or the feature length when larger.
 """
 from __future__ import annotations
 
@@ -23,7 +31,10 @@ from t5lite.data.registry import CACHE_POINT, Task
 from t5lite.errors import ConfigError, ConfigKeyError
 
 Example = dict[str, Any]
-INJECTABLE = ("output_features", "sequence_length", "rng", "seed")
+INJECTABLE = ("output_features", "sequence_length", "rng", "seed", "text_limits")
+# Natural text averages 3-5 characters per token; sentencepiece pieces are at most 16.
+CHARS_PER_TOKEN = 32
+DOCUMENT_TOKENS = 65536
 
 
 def stream_preprocessor(fn: Callable) -> Callable:
@@ -34,6 +45,26 @@ def stream_preprocessor(fn: Callable) -> Callable:
 
 def is_stream(fn: Callable) -> bool:
   return getattr(fn, "t5lite_stream", False)
+
+
+def keeps_prefix(fn: Callable) -> Callable:
+  """Marks a per-example step whose first n tokens of a feature depend only on the first n
+  tokens it was given (it trims or appends): a text cut that leaves more tokens than the
+  feature length then changes nothing downstream."""
+  fn.t5lite_keeps_prefix = True
+  return fn
+
+
+def text_limits(later_steps, output_features, sequence_length: Mapping[str, int] | None
+                ) -> dict[str, int]:
+  """{feature: the most characters of its text worth tokenizing}, for a tokenizing step
+  followed by `later_steps` (see the module docstring)."""
+  lengths = dict(sequence_length or {})
+  only_prefixes = sequence_length is not None and all(
+      step is CACHE_POINT or getattr(step, "t5lite_keeps_prefix", False) for step in later_steps)
+  return {name: CHARS_PER_TOKEN * (lengths[name] if only_prefixes and lengths.get(name)
+                                   else max(DOCUMENT_TOKENS, lengths.get(name) or 0))
+          for name in output_features}
 
 
 def wanted_kwargs(fn: Callable) -> set[str]:
@@ -73,6 +104,9 @@ def apply_preprocessors(ds: grain.IterDataset, task: Task, steps, *,
     injected = {"output_features": task.output_features, "sequence_length": sequence_length,
                 "seed": derive_seed(seed, index)}
     wanted = wanted_kwargs(fn)  # once per pipeline, not per example
+    if "text_limits" in wanted:
+      injected["text_limits"] = text_limits(task.preprocessors[index + 1:],
+                                            task.output_features, sequence_length)
     kwargs = {k: v for k, v in injected.items() if k in wanted and k != "rng"}
     if is_stream(fn):
       ds = fn(ds, **kwargs)
@@ -100,9 +134,11 @@ def rekey(key_map: Mapping[str, str | None]) -> Callable[[Example], Example]:
   return apply
 
 
-def tokenize(ex: Example, output_features, copy_pretokenized: bool = True) -> Example:
+def tokenize(ex: Example, output_features, copy_pretokenized: bool = True,
+             text_limits: Mapping[str, int] | None = None) -> Example:
   """Encodes each output feature's text with its vocabulary (no EOS), keeping the text
-  as `<name>_pretokenized`.
+  as `<name>_pretokenized` (whole). text_limits: {feature: characters encoded at most}
+  (apply_preprocessors passes what the later steps can use; None: everything).
 
   Example (byte vocabulary): {"targets": "hi"} -> {"targets": [107, 108],
     "targets_pretokenized": "hi"}
@@ -111,7 +147,9 @@ def tokenize(ex: Example, output_features, copy_pretokenized: bool = True) -> Ex
   for name, feature in output_features.items():
     if name in ex and isinstance(ex[name], (str, bytes)):
       text = ex[name].decode("utf-8") if isinstance(ex[name], bytes) else ex[name]
-      out[name] = np.asarray(feature.vocabulary.encode(text), np.int32)
+      limit = text_limits.get(name) if text_limits else None
+      encoded = text if limit is None or len(text) <= limit else text[:limit]
+      out[name] = np.asarray(feature.vocabulary.encode(encoded), np.int32)
       if copy_pretokenized:
         out[f"{name}_pretokenized"] = text
     elif name in ex and (ex[name] is None or isinstance(ex[name], (bool, int, float))):
@@ -131,6 +169,7 @@ def eos_id(feature, name: str) -> np.int32:
   return np.int32(eos)
 
 
+@keeps_prefix
 def append_eos(ex: Example, output_features) -> Example:
   """Appends EOS (the vocabulary's eos_id: 1 in T5's layout) to features whose Feature has
   add_eos.
@@ -144,6 +183,7 @@ def append_eos(ex: Example, output_features) -> Example:
   return out
 
 
+@keeps_prefix
 def trim(ex: Example, sequence_length) -> Example:
   """Cuts token features to their sequence length.
 
@@ -156,6 +196,7 @@ def trim(ex: Example, sequence_length) -> Example:
   return out
 
 
+@keeps_prefix
 def append_eos_after_trim(ex: Example, output_features, sequence_length) -> Example:
   """Trims to length - 1, then appends EOS (as append_eos), so EOS always survives (T5's
   choice).
