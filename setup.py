@@ -52,6 +52,7 @@ setup(
         "matplotlib>=3.8",
         "tqdm>=4.60",
         "flatbuffers>=24.3.25",  # jax.export serialization (t5lite export serving)
+        "psutil>=5.9",  # the coordination service process sees its clients leave (launch/peers.py)
     ],
     extras_require={
         # `t5lite compile` for TPU pods (on any host): libtpu, the exact version jax[tpu] pins

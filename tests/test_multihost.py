@@ -39,7 +39,7 @@ from helpers.paths import REPO
 from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli
 from t5lite.cli import gin_config
-from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed
+from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed, peers
 from t5lite.launch import cli as launch_cli
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import model_dir as model_dir_lib
@@ -489,6 +489,54 @@ def test_a_model_dir_url_of_another_scheme_than_a_bucket_is_refused_before_anyth
           "s3://BUCKET/PATH URLs and local folders (or mounts), not this scheme") in err
 
 
+# --- a lost process -------------------------------------------------------------------------
+
+HEARTBEAT = 10  # seconds: --heartbeat_timeout of these jobs
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_file, tmp_path,
+                                                                         victim):
+  """SIGKILL to one process of two mid-training: the other exits 43 with one t5lite line
+  naming it, within the heartbeat timeout (and some seconds), never by JAX's abort; process 0
+  included, whose host runs the coordination service. A rerun on the same port resumes."""
+  model_dir, port = tmp_path / "run", free_port()
+  argv = train_argv(gin_file, model_dir, "--gin.EVAL_PERIOD=1000",
+                    f"--heartbeat_timeout={HEARTBEAT}")
+  processes = job(argv + ["--gin.TRAIN_STEPS=1000"], 2, 2, tmp_path, port=port)
+  deadline = time.time() + 240
+  while not ((model_dir / "metrics.jsonl").exists()
+              and max(logged_losses(model_dir), default=0) >= 6):
+    if time.time() > deadline or any(p.poll() is not None for p in processes):
+      for p in processes:
+        p.kill()
+      pytest.fail("the job ended or stalled before step 6")
+    time.sleep(0.1)
+  processes[victim].kill()
+  killed = time.time()
+  survivor = processes[1 - victim]
+  code = survivor.wait(timeout=HEARTBEAT + 60)
+  seconds = time.time() - killed
+  log = (tmp_path / f"process{1 - victim}.log").read_text()
+  assert code == peers.LOST_PROCESS_EXIT_CODE, log[-3000:]
+  assert seconds < HEARTBEAT + 3 * peers.POLL_SECONDS + 5, seconds
+  errors = [line for line in log.splitlines() if "error" in line.lower()]
+  assert errors == [f"t5lite: error: process {victim} of 2 is gone (killed, out of memory, or "
+                    f"its host lost): process {1 - victim} stops too (exit 43). Rerun every "
+                    "process of the job: training resumes from the newest checkpoint"], errors
+  assert "Traceback" not in log and "Check failure" not in log and "SIGABRT" not in log
+  processes[victim].wait()
+  newest = ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()
+  (tmp_path / "rerun").mkdir()
+  rerun = job(argv + [f"--gin.TRAIN_STEPS={newest + 2}"], 2, 2, tmp_path / "rerun", port=port)
+  for code, out in finish(rerun, tmp_path / "rerun"):
+    assert code == 0, out[-3000:]
+  assert f"resuming from step {newest}" in (tmp_path / "rerun" / "process0.log").read_text()
+  assert max(logged_losses(model_dir)) == newest + 2
+
+
 # --- cluster detection (pure functions of the environment) ----------------------------------
 
 @pytest.mark.parametrize("env,expected", [
@@ -576,6 +624,7 @@ def test_jax_runs_no_cluster_detection_of_its_own_once_the_job_is_known(monkeypa
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
   monkeypatch.setattr(jax.config, "update", lambda *a: None)
   monkeypatch.setattr(distributed, "_check_agreement", lambda deadline, expected: None)
+  monkeypatch.setattr(peers, "start_service", lambda *args: False)  # no service process here
   slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "2",
            "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
   distributed.initialize(distributed.resolve(None, None, None, slurm, tpu_vm=False), timeout=5,
@@ -583,8 +632,10 @@ def test_jax_runs_no_cluster_detection_of_its_own_once_the_job_is_known(monkeypa
   distributed.initialize(cluster.Cluster("tpu_vm", None, None, None), timeout=5,
                          log=lambda _: None)
   assert calls == [(("gpu07:61586", 2, 0), {"initialization_timeout": 35,
+                                            "heartbeat_timeout_seconds": 60,
                                             "cluster_detection_method": "deactivate"}),
-                   ((None, None, None), {"initialization_timeout": 35})]
+                   ((None, None, None), {"initialization_timeout": 35,
+                                         "heartbeat_timeout_seconds": 60})]
 
 
 def test_process_counts_are_compared_even_without_jax_private_client(monkeypatch):

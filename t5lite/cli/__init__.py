@@ -24,7 +24,7 @@ import sys
 
 from t5lite.cli import gin_config, smoke
 from t5lite.errors import ConfigError
-from t5lite.launch import PREEMPTED_EXIT_CODE, distributed
+from t5lite.launch import PREEMPTED_EXIT_CODE, distributed, peers
 from t5lite.runtime import preemption
 
 GIN_VERBS = {
@@ -349,7 +349,7 @@ def _initialize(args) -> None:
   """The multi-host runtime, from flags or the cluster; before anything touches a device."""
   distributed.initialize(distributed.resolve(
       args.coordinator_address, args.num_processes, args.process_id, os.environ),
-      args.initialization_timeout)
+      args.initialization_timeout, heartbeat_timeout=args.heartbeat_timeout)
 
 
 def _plain_verb(verb: str, argv: list[str]) -> int:
@@ -406,11 +406,15 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
       import importlib  # each benchmark loads only what it measures
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
     raise AssertionError(f"unhandled verb {args.verb}")
-  except USER_ERRORS as e:  # a setup mistake: its message alone; a bug keeps its traceback
-    if not isinstance(e, PATH_ERRORS) and e.errno not in ENVIRONMENT_ERRNOS:
-      raise
-    print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)
+  except Exception as e:
+    peers.wait_for_verdict(e)  # a lost process of the job explains any error: exit 43
+    if not isinstance(e, USER_ERRORS) or (not isinstance(e, PATH_ERRORS)
+                                          and e.errno not in ENVIRONMENT_ERRNOS):
+      raise  # a bug keeps its traceback
+    print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)  # a setup mistake
     return 2
+  finally:
+    peers.leave()  # leaving on purpose, not lost (a no-op outside a multi-process job)
 
 
 def _tune(wanted: bool) -> None:

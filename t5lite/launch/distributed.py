@@ -31,6 +31,7 @@ import time
 from typing import Callable, Mapping
 
 from t5lite.errors import ConfigError
+from t5lite.launch import peers
 from t5lite.launch.cluster import Cluster, detect, tpu_vm_present
 
 DEFAULT_TIMEOUT = 300
@@ -53,6 +54,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                      metavar="SECONDS",
                      help=f"give up (exit 2) when the job has not formed by then "
                      f"(default {DEFAULT_TIMEOUT})")
+  group.add_argument("--heartbeat_timeout", type=float, default=peers.DEFAULT_HEARTBEAT_TIMEOUT,
+                     metavar="SECONDS",
+                     help="a process silent this long counts as lost: every other process "
+                     f"then exits {peers.LOST_PROCESS_EXIT_CODE} (default "
+                     f"{peers.DEFAULT_HEARTBEAT_TIMEOUT})")
 
 
 def resolve(coordinator_address: str | None, num_processes: int | None,
@@ -137,9 +143,11 @@ def _watchdog(seconds: float, message: str) -> threading.Timer:
 
 
 def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
-               log: Callable[[str], None] | None = None) -> None:
+               log: Callable[[str], None] | None = None,
+               heartbeat_timeout: float = peers.DEFAULT_HEARTBEAT_TIMEOUT) -> None:
   """Starts jax.distributed for `cluster` (see the module docstring); None: a single process.
-  Call before anything touches a JAX device."""
+  Call before anything touches a JAX device. Once the job has formed, the loss of any
+  process ends the others with exit 43 (t5lite.launch.peers)."""
   log = log or (lambda text: print(text, file=sys.stderr, flush=True))
   if cluster is None:
     log("t5lite: single process (no --coordinator_address, and no TPU pod, SLURM srun step, "
@@ -154,7 +162,10 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
     pass  # a JAX without that option has no such service
   started = time.monotonic()
   deadline = started + timeout
-  if cluster.process_id not in (None, 0):
+  known = None not in (cluster.coordinator_address, cluster.num_processes, cluster.process_id)
+  separate = known and cluster.process_id == 0 and peers.start_service(
+      cluster.coordinator_address, cluster.num_processes, heartbeat_timeout)
+  if cluster.process_id not in (None, 0) or separate:
     wait_for_coordinator(cluster.coordinator_address, deadline)
   count = cluster.num_processes or "all"
   timer = _watchdog(max(0.0, deadline - time.monotonic()), (
@@ -164,12 +175,16 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
       "this too"))
   try:
     # JAX's own timeout is a fatal abort: leave it to the watchdog, a little later.
-    jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes,
-                               cluster.process_id, initialization_timeout=int(timeout) + 30,
-                               **_detection_arguments(cluster))
+    with peers.without_inprocess_service(separate):
+      jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes,
+                                 cluster.process_id, initialization_timeout=int(timeout) + 30,
+                                 heartbeat_timeout_seconds=int(heartbeat_timeout),
+                                 **_detection_arguments(cluster))
     _check_agreement(deadline, cluster.num_processes)
   finally:
     timer.cancel()
+  if known:
+    peers.watch(_coordination_client(), heartbeat_timeout)
   if jax.process_index() == 0:
     log(f"t5lite: {jax.process_count()} processes, {jax.device_count()} devices "
         f"({jax.local_device_count()} per process) via {cluster.describe()} "
@@ -248,6 +263,7 @@ def leave_job() -> None:
   if found is None or found[1] <= 1:
     return
   _, _, client = found
+  peers.leave()  # leaving on purpose: not a lost process to the others
   try:
     client.wait_at_barrier("t5lite/exit_on_setup_error", EXIT_BARRIER_SECONDS * 1000)
   except Exception:  # the runtime's timeout error (a type private to jaxlib)
