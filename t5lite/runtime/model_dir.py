@@ -183,6 +183,8 @@ def check_path_length(model_dir: str | os.PathLike, what: str = "MODEL_DIR") -> 
   """Raises ConfigError for a local MODEL_DIR so long that the files of its checkpoints would
   pass the system's path limit (PATH_MAX): otherwise the run would train until its first save,
   then stop. A bucket's object names have their own limit (1,024 bytes), checked likewise."""
+  if not isinstance(model_dir, (str, os.PathLike)):
+    return  # a placeholder (t5lite compile fills MODEL_DIR in later)
   path = os.fspath(model_dir)
   if paths.is_url(path):
     scheme, _, bucket = path.split("/", 3)[:3]  # "gs:", "", BUCKET: 1,024 bytes past them
