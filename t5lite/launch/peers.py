@@ -25,8 +25,8 @@ the newest checkpoint, as after a preemption.
 
 The service process ignores SIGTERM (a preemption's saves need it until every process has
 saved), outlives process 0 until the others have disconnected (they must see its loss from
-there), and is replaced by the next job's on the same host and port. If the host of process 0 is lost
-whole, the service goes with it and JAX aborts the others, as before.
+there), and is replaced by the next job's on the same host and port. If the host of process 0
+is lost whole, the service goes with it and JAX aborts the others, as before.
 
 This reaches into JAX internals (jax._src.distributed, jaxlib's service constructor); where a
 JAX keeps them elsewhere, the job runs with JAX's own service and behaviour, and says so.
@@ -180,14 +180,20 @@ def _stop_stale(port: str) -> None:
       time.sleep(0.05)
 
 
+def _jaxlib_runtime():
+  """The jaxlib module jax.distributed makes its service and clients with (private to JAX)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+  return jax_distributed._jax  # pylint: disable=protected-access
+
+
 def start_service(coordinator_address: str, num_processes: int, heartbeat_timeout: float) -> bool:
   """On process 0: starts the coordination service process (the caller waits until its port
   answers). False (JAX then starts its own, in this process) where jaxlib's constructor is not
   where this module looks."""
   global _service
   try:
-    from jax._src import distributed as jax_distributed
-    if not hasattr(jax_distributed._jax, "get_distributed_runtime_service"):  # pylint: disable=protected-access
+    runtime = _jaxlib_runtime()
+    if not hasattr(runtime, "get_distributed_runtime_service"):
       raise AttributeError
   except (ImportError, AttributeError):
     print("t5lite: warning: this JAX keeps its coordination service elsewhere: the loss of a "
@@ -249,8 +255,7 @@ def serve(bind: str, num_processes: int, heartbeat_timeout: float) -> None:
   answer the next job's processes on this port."""
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
-  service = jax_distributed._jax.get_distributed_runtime_service(  # noqa: F841 pylint: disable=protected-access
+  service = _jaxlib_runtime().get_distributed_runtime_service(  # noqa: F841 (serves while held)
       bind, num_processes, heartbeat_timeout=int(heartbeat_timeout),
       shutdown_timeout=int(heartbeat_timeout), recoverable=True)
   sys.stdin.read()  # returns once process 0, which holds the other end, has exited

@@ -119,7 +119,7 @@ class ServingModel:
     rows; None: the artifact's default_adapter."""
     if method not in self.functions:
       raise ServingError(f"method {method!r} was not exported; this artifact has "
-                       f"{sorted(self.functions)}")
+                         f"{sorted(self.functions)}")
     tokens = self._padded(tokens)
     if tokens.shape[0] == 0:
       return np.zeros((0, self.max_decode_length), np.int32)
@@ -128,7 +128,7 @@ class ServingModel:
       args = (self.params, self._adapter_ids(adapters, tokens.shape[0]), tokens)
     elif adapters is not None:
       raise ServingError(f"{self.directory} serves one model, not several adapters: call "
-                       "generate without adapters")
+                         "generate without adapters")
     if self.device is None:
       return np.asarray(self.functions[method](*args))
     with jax.default_device(self.device):  # the tokens go where the params are
@@ -145,12 +145,12 @@ class ServingModel:
       raise ServingError(f"{len(names)} adapter names for {rows} rows")
     if not self.manifest.get("base_rows", True) and self.adapters[0] in names:
       raise ServingError(f"this artifact serves no row of the base alone (its adapters are soft "
-                       f"prompts, prefixes or train whole modules); name one of "
-                       f"{self.adapters[1:]}")
+                         f"prompts, prefixes or train whole modules); name one of "
+                         f"{self.adapters[1:]}")
     unknown = sorted({n for n in names if n not in self.adapters})
     if unknown:
       raise ServingError(f"adapters {unknown} are not in this artifact; it serves "
-                       f"{self.adapters} ({self.adapters[0]!r}: the base alone)")
+                         f"{self.adapters} ({self.adapters[0]!r}: the base alone)")
     return np.asarray([self.adapters.index(n) for n in names], np.int32)
 
   def generate_text(self, texts: Sequence[str], method: str = "greedy",
@@ -173,7 +173,7 @@ class ServingModel:
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
       raise ServingError(f"tokens must be a (batch, length) integer array, got {tokens.dtype} "
-                       f"{tokens.shape}")
+                         f"{tokens.shape}")
     length = tokens.shape[1]
     if length > self.input_length:
       # Only trailing padding may go: cutting real tokens would change the answer.
