@@ -271,6 +271,14 @@ def test_import_hf_carries_the_sentencepiece_vocabulary(tmp_path):
                      r"has 384 rows"):
     import_hf(str(small), str(tmp_path / "refused"))
   assert not (tmp_path / "refused").exists()
+  # One with far fewer ids than rows (50 for 4,096 in the report) is imported with a warning.
+  big = tmp_path / "big"
+  hf.save_hf(tiny(vocab_size=1024), jax.device_get(init_params(tiny(vocab_size=1024), 2)),
+             str(big))
+  hf_tokenizer.write_hf_tokenizer(vocab, str(big))
+  with pytest.warns(UserWarning, match=r"the tokenizer has 407 ids for the model's 1024 "
+                    r"embedding rows: is it this model's tokenizer\?"):
+    import_hf(str(big), str(tmp_path / "big_imported"))
 
 
 def train_tasks_spiece_dir(tmp_path):

@@ -156,6 +156,10 @@ def check_vocabulary_fits(config, vocabulary, source: str) -> None:
                       f"embedding has {config.vocab_size} rows (config.json vocab_size): ids "
                       f"{config.vocab_size} to {vocabulary.vocab_size - 1} would index past it. "
                       "Put the model's own tokenizer files beside it")
+  if 2 * vocabulary.vocab_size < config.vocab_size:  # padding rows are a few, not half
+    warnings.warn(f"{source}: the tokenizer has {vocabulary.vocab_size} ids for the model's "
+                  f"{config.vocab_size} embedding rows: is it this model's tokenizer? (models "
+                  "pad a few rows past their tokenizer, e.g. T5's 32,100 ids in 32,128 rows)")
   if config.architecture == "encoder_only":
     missing = [name for name, token_id in (("[MASK]", vocabulary.mask_id), ("[CLS]",
                vocabulary.cls_id), ("[SEP]", vocabulary.sep_id)) if token_id is None]
