@@ -71,3 +71,16 @@ def test_import_then_export_carries_the_vocabulary_and_the_model(kind, texts, tm
   ours = t5lite.logits(config, params, np.array([ids]))
   assert np.abs(ours - before[key].numpy()).max() <= 1e-4 * np.abs(before[key].numpy()).max()
   assert os.path.isfile(out / "config.json")
+
+
+def test_a_bert_whose_vocab_txt_lacks_its_specials_is_refused(tmp_path):
+  """An encoder-only model's inputs and masking need [CLS], [SEP] and [MASK]: a vocab.txt
+  without them (another model's word list) is refused by name, nothing written."""
+  words = ["[PAD]", "[UNK]"] + [f"w{i}" for i in range(46)] + ["##s", "the"]
+  model, _ = _hf_model("bert", 64, 0)
+  model.save_pretrained(tmp_path / "hf")
+  (tmp_path / "hf" / "vocab.txt").write_text("\n".join(words) + "\n")
+  with pytest.raises(ValueError, match=r"the tokenizer has no \[MASK\], \[CLS\], \[SEP\], "
+                     "which an encoder-only model's inputs and masking need"):
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
