@@ -39,6 +39,7 @@ from helpers.paths import REPO
 from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli
 from t5lite.cli import gin_config
+from t5lite.errors import ConfigError
 from t5lite.launch import PREEMPTED_EXIT_CODE, cluster, commands, distributed, peers
 from t5lite.launch import cli as launch_cli
 from t5lite.runtime import checkpoints as ckpt_lib
@@ -508,11 +509,12 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_fil
   processes = job(argv + ["--gin.TRAIN_STEPS=1000"], 2, 2, tmp_path, port=port)
   deadline = time.time() + 240
   while not ((model_dir / "metrics.jsonl").exists()
-              and max(logged_losses(model_dir), default=0) >= 6):
+              and max(logged_losses(model_dir), default=0) >= 6
+              and ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()):
     if time.time() > deadline or any(p.poll() is not None for p in processes):
       for p in processes:
         p.kill()
-      pytest.fail("the job ended or stalled before step 6")
+      pytest.fail("the job ended or stalled before step 6 and a committed checkpoint")
     time.sleep(0.1)
   processes[victim].kill()
   killed = time.time()
@@ -523,9 +525,10 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_fil
   assert code == peers.LOST_PROCESS_EXIT_CODE, log[-3000:]
   assert seconds < HEARTBEAT + 3 * peers.POLL_SECONDS + 5, seconds
   errors = [line for line in log.splitlines() if "error" in line.lower()]
-  assert errors == [f"t5lite: error: process {victim} of 2 is gone (killed, out of memory, or "
-                    f"its host lost): process {1 - victim} stops too (exit 43). Rerun every "
-                    "process of the job: training resumes from the newest checkpoint"], errors
+  assert errors == [f"t5lite: error: process {victim} of 2 stopped (killed, crashed, out of "
+                    f"memory, or its host lost): process {1 - victim} stops too (exit 43). "
+                    "Rerun every process of the job: training resumes from the newest "
+                    "checkpoint"], errors
   assert "Traceback" not in log and "Check failure" not in log and "SIGABRT" not in log
   processes[victim].wait()
   newest = ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()
@@ -535,6 +538,21 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_fil
     assert code == 0, out[-3000:]
   assert f"resuming from step {newest}" in (tmp_path / "rerun" / "process0.log").read_text()
   assert max(logged_losses(model_dir)) == newest + 2
+
+
+def test_a_coordinator_port_another_program_listens_on_is_refused_not_joined():
+  """Process 0 starts the job's coordination service on the port: a listener already there
+  (another job's service, say) would take this job's processes in."""
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = str(listener.getsockname()[1])
+    with pytest.raises(ConfigError, match=f"the coordinator port {port} is in use on this host"):
+      peers.start_service(f"127.0.0.1:{port}", 2, 10)
+  with pytest.raises(distributed.DistributedSetupError, match="--heartbeat_timeout must be at "
+                     "least 1 second, got 0.5"):
+    distributed.initialize(cluster.Cluster("flags", "127.0.0.1:1", 2, 1), timeout=1,
+                           log=lambda _: None, heartbeat_timeout=0.5)
 
 
 # --- cluster detection (pure functions of the environment) ----------------------------------

@@ -105,6 +105,23 @@ def test_enormous_rows_are_cut_before_tokenizing_and_yield_the_same_examples():
   assert RecordingVocabulary.longest == 3000  # ordinary rows are never cut
 
 
+def test_text_the_vocabulary_mostly_drops_is_encoded_until_enough_tokens_are_there():
+  """20,000 characters that give no tokens, then words: the cut at 32 x 64 characters would
+  hold none of the kept tokens, so more is encoded until they are there."""
+  import inspect
+  import json
+  from t5lite.data.vocab.hf_vocabularies import train_wordpiece
+  text = [" ".join(inspect.getdoc(json).split())]
+  vocab = train_wordpiece(text * 3, 300)
+  features = {"inputs": Feature(vocab)}
+  row = " " * 20_000 + text[0] * 20  # BERT's pre-tokenizer makes no token of spaces
+  limits = pp.text_limits([pp.trim], features, {"inputs": 64})
+  assert limits == {"inputs": 2048} and len(vocab.encode(row[:2048])) == 0
+  out = pp.trim(pp.tokenize({"inputs": row}, features, text_limits=limits), {"inputs": 64})
+  assert out["inputs"].tolist() == vocab.encode(row)[:64].tolist()
+  assert len(out["inputs"]) == 64
+
+
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", "x..y", "-lead", "sp ace"])
 def test_invalid_names_are_rejected(name):
   with pytest.raises(ValueError, match="invalid task name"):

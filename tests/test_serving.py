@@ -378,6 +378,15 @@ def test_a_vocabulary_larger_than_the_model_is_refused_before_it_is_built(artifa
           in loader_error(artifact, capfd))
 
 
+def test_an_artifact_of_symlinks_loads_when_its_checksums_hold(artifacts, tmp_path):
+  """A model hub's cache links each file to a blob elsewhere: the checksums vouch for them."""
+  linked = tmp_path / "snapshot"
+  linked.mkdir()
+  for name in os.listdir(artifacts["byte"][1]):
+    (linked / name).symlink_to(artifacts["byte"][1] / name)
+  assert serving_loader.ServingModel.load(linked).vocabulary is not None
+
+
 def test_an_artifact_without_checksums_loads_with_a_warning(artifacts, tmp_path, capfd):
   artifact = tampered(artifacts, tmp_path, manifest=lambda m: {
       k: v for k, v in m.items() if k != "files"})

@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
   train / eval / infer / smoke / bench may set it up for CPU work (t5lite.runtime.cpu_host):
   the `t5lite` command does; tests calling main() in-process do not."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  crashed = False
   try:
     if argv[:1] == ["launch"]:  # gin flags after its `--` belong to the verb it launches
       return _plain_verb("launch", argv[1:])
@@ -410,11 +411,13 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
     peers.wait_for_verdict(e)  # a lost process of the job explains any error: exit 43
     if not isinstance(e, USER_ERRORS) or (not isinstance(e, PATH_ERRORS)
                                           and e.errno not in ENVIRONMENT_ERRNOS):
+      crashed = True  # the other processes of a job will say this one stopped (exit 43)
       raise  # a bug keeps its traceback
     print(f"{_prog(argv)}: error: {_one_line(e)}", file=sys.stderr)  # a setup mistake
     return 2
   finally:
-    peers.leave()  # leaving on purpose, not lost (a no-op outside a multi-process job)
+    if not crashed:
+      peers.leave()  # leaving on purpose, not lost (a no-op outside a multi-process job)
 
 
 def _tune(wanted: bool) -> None:

@@ -8,13 +8,17 @@ resumable), `seed` (an int per preprocessor and batch row) and `text_limits` (te
 below). Functions marked with @stream_preprocessor instead take and return a whole grain
 IterDataset (many-to-many steps such as concatenate-and-split).
 
-Bounded work per example: `tokenize` encodes at most text_limits[name] characters of a
+Bounded work per example: `tokenize` encodes the first text_limits[name] characters of a
 feature's text, so that one enormous row (a 200 MB line) costs what a long one does instead
-of being tokenized whole and then trimmed. The limit never changes what a pipeline yields:
-CHARS_PER_TOKEN characters per token kept, where the tokens kept are the feature length when
-every later step keeps a prefix (@keeps_prefix: trim, append_eos, append_eos_after_trim; the
-batcher trims too), else DOCUMENT_TOKENS (T5's select_random_chunk keeps at most that many
-tokens of a document), or the feature length when larger.
+of being tokenized whole and then trimmed. The limit is CHARS_PER_TOKEN characters per token
+kept, where the tokens kept are the feature length when every later step keeps a prefix
+(@keeps_prefix: trim, append_eos, append_eos_after_trim; the batcher trims too), else
+DOCUMENT_TOKENS (T5's select_random_chunk keeps at most that many tokens of a document), or
+the feature length when larger. When those characters give fewer than twice the tokens kept
+(text the vocabulary mostly drops: runs of spaces, control characters), twice as many are
+encoded, and so on: rows within the limit, and the kept tokens of any row a pipeline keeps a
+prefix of, are those of the whole text. An enormous document under select_random_chunk has its
+chunk drawn from its first DOCUMENT_TOKENS x CHARS_PER_TOKEN characters.
 """
 from __future__ import annotations
 
@@ -148,8 +152,7 @@ def tokenize(ex: Example, output_features, copy_pretokenized: bool = True,
     if name in ex and isinstance(ex[name], (str, bytes)):
       text = ex[name].decode("utf-8") if isinstance(ex[name], bytes) else ex[name]
       limit = text_limits.get(name) if text_limits else None
-      encoded = text if limit is None or len(text) <= limit else text[:limit]
-      out[name] = np.asarray(feature.vocabulary.encode(encoded), np.int32)
+      out[name] = np.asarray(_encode_bounded(feature.vocabulary, text, limit), np.int32)
       if copy_pretokenized:
         out[f"{name}_pretokenized"] = text
     elif name in ex and (ex[name] is None or isinstance(ex[name], (bool, int, float))):
@@ -157,6 +160,20 @@ def tokenize(ex: Example, output_features, copy_pretokenized: bool = True,
       raise ConfigError(f"tokenize: feature {name!r} is {ex[name]!r}, expected text (a null "
                         "or a number in a data file?)")
   return out
+
+
+def _encode_bounded(vocabulary, text: str, limit: int | None):
+  """The ids of text's first `limit` characters, or of more (see the module docstring): the
+  cut is far past the tokens kept, so the vocabulary's view of the last, cut word cannot
+  reach them."""
+  if limit is not None:
+    kept = max(1, limit // CHARS_PER_TOKEN)
+    while limit < len(text):
+      ids = vocabulary.encode(text[:limit])
+      if len(ids) >= 2 * kept:
+        return ids
+      limit *= 2
+  return vocabulary.encode(text)
 
 
 def eos_id(feature, name: str) -> np.int32:

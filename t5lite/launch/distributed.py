@@ -162,10 +162,15 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
     pass  # a JAX without that option has no such service
   started = time.monotonic()
   deadline = started + timeout
+  if not heartbeat_timeout >= 1:
+    raise DistributedSetupError(f"--heartbeat_timeout must be at least 1 second, got "
+                                f"{heartbeat_timeout:g}")
   known = None not in (cluster.coordinator_address, cluster.num_processes, cluster.process_id)
   separate = known and cluster.process_id == 0 and peers.start_service(
       cluster.coordinator_address, cluster.num_processes, heartbeat_timeout)
-  if cluster.process_id not in (None, 0) or separate:
+  if separate:
+    peers.wait_for_service(cluster.coordinator_address.rsplit(":", 1)[1], deadline)
+  elif cluster.process_id not in (None, 0):
     wait_for_coordinator(cluster.coordinator_address, deadline)
   count = cluster.num_processes or "all"
   timer = _watchdog(max(0.0, deadline - time.monotonic()), (
@@ -263,7 +268,7 @@ def leave_job() -> None:
   if found is None or found[1] <= 1:
     return
   _, _, client = found
-  peers.leave()  # leaving on purpose: not a lost process to the others
+  peers.leave(found)  # leaving on purpose: not a lost process to the others
   try:
     client.wait_at_barrier("t5lite/exit_on_setup_error", EXIT_BARRIER_SECONDS * 1000)
   except Exception:  # the runtime's timeout error (a type private to jaxlib)

@@ -11,21 +11,23 @@ So, once the job is known (coordinator, count and id given or detected, not a Cl
 metadata), t5lite runs the service in a small process of its own beside process 0
 (`python -m t5lite.launch.peers`, started by process 0), recoverable (a lost process is not
 turned into a fatal error for the others), and every process watches the job itself: a
-thread asks the service every POLL_SECONDS which processes are alive. When one is gone (not
-after leaving on purpose: each process marks its departure first), every other process
-prints
+thread writes a heartbeat key to the service every POLL_SECONDS and reads everyone's in one
+request (key-value reads: JAX's get_live_nodes would be a barrier). When a process's heartbeat has
+not moved for the heartbeat timeout (--heartbeat_timeout, 60 s by default) and it did not
+leave on purpose (done, exit 42, a setup error: it marks its departure first; a crash does
+not), every other process prints
 
-    t5lite: error: process 1 of 2 is gone (killed, out of memory, or its host lost): ...
+    t5lite: error: process 1 of 2 stopped (killed, crashed, out of memory, or its host lost): ...
 
-and exits LOST_PROCESS_EXIT_CODE (43) at once, skipping JAX's shutdown barrier. The service
-notices a lost process after the heartbeat timeout (--heartbeat_timeout, 60 s by default), so
-the job ends within that plus POLL_SECONDS; a process whose collective failed first waits for
-that verdict instead of printing the collective's error. Rerunning every process resumes from
-the newest checkpoint, as after a preemption.
+and exits LOST_PROCESS_EXIT_CODE (43) at once, skipping JAX's shutdown barrier: within the
+heartbeat timeout plus POLL_SECONDS. A process whose collective failed first waits for that
+verdict instead of printing the collective's error. Rerunning every process resumes from the
+newest checkpoint, as after a preemption.
 
 The service process ignores SIGTERM (a preemption's saves need it until every process has
 saved), outlives process 0 until the others have disconnected (they must see its loss from
-there), and is replaced by the next job's on the same host and port. If the host of process 0
+there), and is replaced by the next job's on the same host and port; a port still serving
+another job's connected processes is refused (exit 2), never taken over. If the host of process 0
 is lost whole, the service goes with it and JAX aborts the others, as before.
 
 This reaches into JAX internals (jax._src.distributed, jaxlib's service constructor); where a
@@ -37,16 +39,21 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from t5lite.errors import ConfigError
+
 LOST_PROCESS_EXIT_CODE = 43
 DEFAULT_HEARTBEAT_TIMEOUT = 60
 POLL_SECONDS = 2.0
+SHUTDOWN_TIMEOUT = 300  # JAX's own default for its shutdown barrier
 DONE_KEY = "t5lite/left/{}"
+BEAT_KEY = "t5lite/beat/{}"
 _SERVICE_MODULE = "t5lite.launch.peers"
 
 
@@ -58,26 +65,45 @@ class _Watch:
     self.heartbeat_timeout = heartbeat_timeout
     self.stop = threading.Event()
     self.thread = threading.Thread(target=self._run, name="t5lite-peers", daemon=True)
+    self._lock = threading.Lock()
+    now = time.monotonic()
+    self._seen = {i: (None, now) for i in range(count) if i != index}  # last beat, when seen
+    self._beats = 0
 
   def _run(self) -> None:
     while not self.stop.wait(POLL_SECONDS):
+      self._beats += 1
+      with contextlib.suppress(Exception):  # the service busy: the next beat counts
+        self.client.key_value_set(BEAT_KEY.format(self.index), str(self._beats),
+                                  allow_overwrite=True)
       gone = self.lost()
-      if gone and not self.stop.is_set():
-        report_and_exit(gone, self.index, self.count)
+      if gone:
+        report_and_exit(gone, self.index, self.count, self.stop)
 
   def lost(self) -> list[int]:
-    """Processes the service no longer sees alive and that did not leave on purpose."""
-    try:
-      live = self.client.get_live_nodes(list(range(self.count)))
-    except Exception:  # the service busy or restarting: ask again next time
-      return []
-    return [i for i in range(self.count) if i not in live and not self._left(i)]
+    """Processes whose heartbeat has not moved for the heartbeat timeout and that did not
+    leave on purpose."""
+    with self._lock:
+      now = time.monotonic()
+      beats = self._read(BEAT_KEY)  # one request for the whole job, however many processes
+      for i, (last, _) in self._seen.items():
+        if beats.get(i, last) != last:
+          self._seen[i] = (beats[i], now)
+      silent = [i for i, (_, since) in self._seen.items()
+                if now - since > self.heartbeat_timeout]
+    left = self._read(DONE_KEY) if silent else {}
+    return [i for i in silent if i not in left]
 
-  def _left(self, index: int) -> bool:
+  def _read(self, pattern: str) -> dict[int, str]:
+    """{process: value} of the keys `pattern` names, read in one request ({} on an error:
+    the service busy, and the next poll asks again)."""
+    folder = pattern.rsplit("/", 1)[0] + "/"
     try:
-      return self.client.key_value_try_get(DONE_KEY.format(index)) is not None
-    except Exception:  # the key is absent: the runtime says so with an error
-      return False
+      entries = self.client.key_value_dir_get(folder)
+    except Exception:  # the runtime's errors are private to jaxlib
+      return {}
+    return {int(key.rsplit("/", 1)[1]): value for key, value in entries
+            if key.rsplit("/", 1)[1].isdigit()}
 
 
 _watch: _Watch | None = None
@@ -86,15 +112,18 @@ _watch: _Watch | None = None
 _exiting = threading.Lock()
 
 
-def report_and_exit(gone: list[int], index: int, count: int) -> None:
-  """Prints the one line and exits 43; the watch thread and the main thread may both get
-  here: the second waits for the first's exit."""
-  if not _exiting.acquire(blocking=False):
-    threading.Event().wait()
+def report_and_exit(gone: list[int], index: int, count: int, stop: threading.Event) -> None:
+  """Prints the one line and exits 43, unless this process is leaving on purpose (`stop`
+  set). The watch thread and the main thread may both get here: the second waits for the
+  first's exit; leave() takes the same lock."""
+  _exiting.acquire()  # held until os._exit below: whoever comes second waits for that
+  if stop.is_set():
+    _exiting.release()
+    return
   names = ", ".join(str(i) for i in gone)
-  print(f"t5lite: error: process {names} of {count} is gone (killed, out of memory, or its "
-        f"host lost): process {index} stops too (exit {LOST_PROCESS_EXIT_CODE}). Rerun every "
-        "process of the job: training resumes from the newest checkpoint",
+  print(f"t5lite: error: process {names} of {count} stopped (killed, crashed, out of memory, "
+        f"or its host lost): process {index} stops too (exit {LOST_PROCESS_EXIT_CODE}). Rerun "
+        "every process of the job: training resumes from the newest checkpoint",
         file=sys.stderr, flush=True)
   sys.stdout.flush()
   os._exit(LOST_PROCESS_EXIT_CODE)  # JAX's shutdown barrier would wait for the lost process
@@ -106,7 +135,7 @@ def watch(coordination, heartbeat_timeout: float) -> bool:
   (then False: nothing is watched)."""
   global _watch
   if coordination is None or coordination[1] <= 1 or not hasattr(coordination[2],
-                                                                  "get_live_nodes"):
+                                                                  "key_value_dir_get"):
     return False
   index, count, client = coordination
   _watch = _Watch(client, index, count, heartbeat_timeout)
@@ -114,16 +143,20 @@ def watch(coordination, heartbeat_timeout: float) -> bool:
   return True
 
 
-def leave() -> None:
+def leave(coordination=None) -> None:
   """Before this process exits on purpose (done, preempted, a setup error): marks it as left,
-  so that the others do not count it lost, and stops the watch."""
+  so that the others do not count it lost, and stops the watch. coordination: (process id,
+  count, client) to mark it by when no watch runs yet (a setup error while the job forms)."""
   global _watch
-  if _watch is None:
-    return
-  _watch.stop.set()
-  with contextlib.suppress(Exception):
-    _watch.client.key_value_set(DONE_KEY.format(_watch.index), "1")
-  _watch = None
+  current, _watch = _watch, None
+  if current is not None:
+    with _exiting:  # not while the watch thread reports a loss: that exit wins
+      current.stop.set()
+    coordination = (current.index, current.count, current.client)
+  if coordination is not None and coordination[1] > 1:
+    with contextlib.suppress(Exception):
+      coordination[2].key_value_set(DONE_KEY.format(coordination[0]), "1",
+                                    allow_overwrite=True)
 
 
 # How a collective or a barrier fails when a peer vanished (gloo on CPU, the coordination
@@ -145,8 +178,7 @@ def wait_for_verdict(error: BaseException) -> None:
   while True:
     gone = current.lost()
     if gone:
-      current.stop.set()
-      report_and_exit(gone, current.index, current.count)
+      report_and_exit(gone, current.index, current.count, current.stop)
     if time.monotonic() >= deadline:
       return
     time.sleep(POLL_SECONDS / 2)
@@ -157,27 +189,51 @@ def wait_for_verdict(error: BaseException) -> None:
 _service: subprocess.Popen | None = None
 
 
-def _pid_file(port: str) -> str:
-  return os.path.join(tempfile.gettempdir(), f"t5lite-coordinator-{port}.pid")
+def _service_file(port: str, suffix: str) -> str:
+  return os.path.join(tempfile.gettempdir(), f"t5lite-coordinator-{port}.{suffix}")
+
+
+def _answers(port: int) -> bool:
+  with contextlib.suppress(OSError):
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+      return True
+  return False
 
 
 def _stop_stale(port: str) -> None:
-  """Ends a previous job's service on this port (lingering for its survivors): a rerun right
-  after a lost process must be able to bind it."""
-  path = _pid_file(port)
+  """Ends a previous job's service on this port, lingering with no process connected (a
+  rerun right after a lost process must be able to bind it). A port that still serves
+  connected processes, or that another program listens on, is refused: never taken over."""
   try:
-    pid = int(open(path, encoding="utf-8").read())
+    pid = int(open(_service_file(port, "pid"), encoding="utf-8").read())
     with open(f"/proc/{pid}/cmdline", "rb") as f:
       ours = _SERVICE_MODULE.encode() in f.read()
   except (OSError, ValueError):
-    return
-  if ours:
+    ours = False
+  if ours and not _clients(int(port)):
     with contextlib.suppress(OSError):
       os.kill(pid, signal.SIGKILL)
     for _ in range(100):
       if not os.path.exists(f"/proc/{pid}"):
         break
       time.sleep(0.05)
+  if _answers(int(port)):
+    raise ConfigError(f"the coordinator port {port} is in use on this host (another job's "
+                      "coordination service, or another program): choose another port in "
+                      "--coordinator_address, or end that job first")
+
+
+def wait_for_service(port: str, deadline: float) -> None:
+  """Returns once the service process started by start_service answers on `port`; a
+  ConfigError naming its log when it exited instead, or when `deadline` passes."""
+  while not _answers(int(port)):
+    if (_service is not None and _service.poll() is not None) or time.monotonic() > deadline:
+      log, tail = _service_file(port, "log"), []
+      with contextlib.suppress(OSError):
+        tail = open(log, encoding="utf-8", errors="replace").read().strip().splitlines()[-1:]
+      raise ConfigError(f"the coordination service process did not start on port {port} "
+                        f"({' '.join(tail) or 'no output'}; see {log})")
+    time.sleep(0.2)
 
 
 def _jaxlib_runtime():
@@ -202,13 +258,14 @@ def start_service(coordinator_address: str, num_processes: int, heartbeat_timeou
   port = coordinator_address.rsplit(":", 1)[1]
   bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS", f"[::]:{port}")
   _stop_stale(port)
-  _service = subprocess.Popen(
-      [sys.executable, "-m", _SERVICE_MODULE, "--bind", bind, "--num_processes",
-       str(num_processes), "--heartbeat_timeout", str(heartbeat_timeout)],
-      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      start_new_session=True)  # the terminal's ^C and the job's SIGTERM are process 0's
+  with open(_service_file(port, "log"), "w", encoding="utf-8") as log:
+    _service = subprocess.Popen(
+        [sys.executable, "-m", _SERVICE_MODULE, "--bind", bind, "--num_processes",
+         str(num_processes), "--heartbeat_timeout", str(heartbeat_timeout)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        start_new_session=True)  # the terminal's ^C and the job's SIGTERM are process 0's
   with contextlib.suppress(OSError):
-    with open(_pid_file(port), "w", encoding="utf-8") as f:
+    with open(_service_file(port, "pid"), "w", encoding="utf-8") as f:
       f.write(str(_service.pid))
   return True
 
@@ -249,16 +306,18 @@ class _NoService:
 
 
 def serve(bind: str, num_processes: int, heartbeat_timeout: float) -> None:
-  """The service process: serves until process 0 (its parent: stdin ends when it exits, however
-  it exits) is gone and no other process of the job is connected any more (those still
+  """The service process: serves until process 0 (its parent) is gone and no other process of
+  the job is connected any more (those still
   running must see process 0's loss from here, and leave). A service that stayed on would
   answer the next job's processes on this port."""
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  parent = os.getppid()
   service = _jaxlib_runtime().get_distributed_runtime_service(  # noqa: F841 (serves while held)
       bind, num_processes, heartbeat_timeout=int(heartbeat_timeout),
-      shutdown_timeout=int(heartbeat_timeout), recoverable=True)
-  sys.stdin.read()  # returns once process 0, which holds the other end, has exited
+      shutdown_timeout=SHUTDOWN_TIMEOUT, recoverable=True)
+  while os.getppid() == parent:  # process 0 exited, however it exited: this one is adopted
+    time.sleep(0.5)
   port = int(bind.rsplit(":", 1)[1])
   deadline = time.monotonic() + heartbeat_timeout + 5 * POLL_SECONDS + 10
   while _clients(port) and time.monotonic() < deadline:

@@ -212,14 +212,23 @@ def read_manifest(directory: pathlib.Path) -> dict:
     found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
     raise ServingError(f"{path}: format {found!r}, expected {FORMAT!r}")
   missing = [k for k in ("params", "exports", "model_config") if k not in manifest]
-  if missing or not isinstance(manifest["exports"], dict):
-    raise ServingError(f"{path} lacks {missing or ['exports']}: export the artifact again")
+  config = manifest.get("model_config")
+  problems = missing or [name for name, ok in (
+      ("exports", isinstance(manifest["exports"], dict)),
+      ("model_config", isinstance(config, dict) and isinstance(config.get("vocab_size"), int)
+       and not isinstance(config.get("vocab_size"), bool) and config["vocab_size"] > 0),
+      ("files", isinstance(manifest.get("files", {}), dict))) if not ok]
+  if problems:
+    raise ServingError(f"{path}: {', '.join(problems)} missing or malformed; export the "
+                       "artifact again")
   return manifest
 
 
 class ArtifactFiles:
-  """The files serving.json names: each inside the artifact's folder, and (an artifact of
-  format_version 2 on) of the size and SHA-256 its "files" lists, checked when first read."""
+  """The files serving.json names: plain names of files in the artifact's folder, of the size
+  and SHA-256 its "files" lists (an artifact of format_version 2 on), checked when first read.
+  A listed file may be a symlink (a model hub's cache links its files): its checksum vouches
+  for it; an unlisted one (an older artifact) must resolve inside the folder."""
 
   def __init__(self, directory: pathlib.Path, manifest: dict):
     self.directory = directory.resolve()
@@ -231,13 +240,14 @@ class ArtifactFiles:
 
   def path(self, name, what: str = "file") -> pathlib.Path:
     """The verified path of a file serving.json (or vocabulary.json) names."""
-    if not isinstance(name, str) or not name:
-      raise ServingError(f"{self.directory / MANIFEST_FILE}: {what} file {name!r} is not a "
-                         "file name")
-    path = (self.directory / name).resolve()
-    if path.parent != self.directory:
+    plain = (isinstance(name, str) and name not in ("", ".", "..")
+             and pathlib.PurePath(name).name == name and "\\" not in name)
+    inside = plain and (self.listed is not None
+                        or (self.directory / name).resolve().parent == self.directory)
+    if not inside:
       raise ServingError(f"{self.directory / MANIFEST_FILE}: {what} file {name!r} is outside "
                          "the artifact's folder; an artifact reads only its own files")
+    path = self.directory / name
     if name not in self.checked:
       self._verify(name, path)
       self.checked.add(name)
@@ -268,8 +278,13 @@ class ArtifactFiles:
 
 def check_params(params: dict, exported, path: pathlib.Path) -> None:
   """params must be what the exported functions take, leaf for leaf, and finite."""
-  treedef = exported.in_tree.children()[0].children()[0]  # ((params, ...), {}) -> params
-  wanted = _flat(jax.tree_util.tree_unflatten(treedef, exported.in_avals[:treedef.num_leaves]))
+  try:
+    treedef = exported.in_tree.children()[0].children()[0]  # ((params, ...), {}) -> params
+    wanted = _flat(jax.tree_util.tree_unflatten(treedef,
+                                                exported.in_avals[:treedef.num_leaves]))
+  except (IndexError, ValueError, TypeError) as error:
+    raise ServingError(f"{path}: the exported functions do not take (params, tokens) "
+                       f"({error}); export the artifact again") from None
   have = _flat(params)
   missing, extra = sorted(set(wanted) - set(have)), sorted(set(have) - set(wanted))
   if missing or extra:
