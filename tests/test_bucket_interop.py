@@ -3,6 +3,7 @@ helpers/storage_servers.py: `import t5x` from a T5X model dir in a bucket (only 
 is fetched), `import peft` of an adapter in a bucket onto a base in a bucket, and `export
 serving` into a bucket, each giving what the same verb gives on local folders.
 """
+import hashlib
 import json
 import os
 
@@ -141,6 +142,13 @@ def test_import_peft_and_export_serving_with_a_bucket_on_each_side(
       want = (tmp_path / "serving" / rel).read_bytes()
       if rel.endswith(".safetensors"):  # its header's metadata comes in any order: parse it
         got, want = _safetensors(got), _safetensors(want)
+      if rel == "serving.json":  # and so its SHA-256 differs: each matches its own file
+        got, want = json.loads(got), json.loads(want)
+        for manifest, where in ((got, f"{url}/serving"), (want, str(tmp_path / "serving"))):
+          params = paths.read_bytes(f"{where}/params.safetensors")
+          listed = manifest["files"].pop("params.safetensors")
+          assert listed == {"size": len(params),
+                            "sha256": hashlib.sha256(params).hexdigest()}, where
       assert got == want, rel
     # Into a prefix that holds files: refused, nothing written over.
     assert cli.main(["export", "serving", "--checkpoint", f"{url}/base", "--out",
