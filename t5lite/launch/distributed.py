@@ -169,7 +169,11 @@ def initialize(cluster: Cluster | None, timeout: float = DEFAULT_TIMEOUT,
   separate = known and cluster.process_id == 0 and peers.start_service(
       cluster.coordinator_address, cluster.num_processes, heartbeat_timeout)
   if separate:
-    peers.wait_for_service(cluster.coordinator_address.rsplit(":", 1)[1], deadline)
+    # Starting the service process (an interpreter importing jaxlib) is this host's own cost,
+    # slow on a loaded host: it has a budget of its own and the job's wait counts after it.
+    peers.wait_for_service(cluster.coordinator_address.rsplit(":", 1)[1],
+                           time.monotonic() + max(timeout, peers.SERVICE_START_SECONDS))
+    deadline = time.monotonic() + timeout
   elif cluster.process_id not in (None, 0):
     wait_for_coordinator(cluster.coordinator_address, deadline)
   count = cluster.num_processes or "all"

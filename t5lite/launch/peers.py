@@ -186,6 +186,10 @@ def wait_for_verdict(error: BaseException) -> None:
 
 # --- the coordination service in a process of its own ----------------------------------------
 
+# Seconds the service process may take to answer (a cold interpreter importing jaxlib on a
+# busy host takes several), whatever --initialization_timeout says.
+SERVICE_START_SECONDS = 120
+
 _service: subprocess.Popen | None = None
 
 
