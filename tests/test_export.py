@@ -263,22 +263,24 @@ def test_import_hf_carries_the_sentencepiece_vocabulary(tmp_path):
   run("import", "hf", "--from", str(source), "--out", str(tmp_path / "imported"))
   assert vocabularies.load_vocabulary(tmp_path / "imported") == vocab
   # A tokenizer with more ids than the model has rows is refused, naming both counts.
-  small = tmp_path / "small"
-  hf.save_hf(tiny(vocab_size=384), jax.device_get(init_params(tiny(vocab_size=384), 2)),
-             str(small))
-  hf_tokenizer.write_hf_tokenizer(vocab, str(small))
+  small = _hf_dir_with(tmp_path / "small", 384, vocab)
   with pytest.raises(ValueError, match=r"the tokenizer has 407 ids but the model's embedding "
                      r"has 384 rows"):
     import_hf(str(small), str(tmp_path / "refused"))
   assert not (tmp_path / "refused").exists()
   # One with far fewer ids than rows (50 for 4,096 in the report) is imported with a warning.
-  big = tmp_path / "big"
-  hf.save_hf(tiny(vocab_size=1024), jax.device_get(init_params(tiny(vocab_size=1024), 2)),
-             str(big))
-  hf_tokenizer.write_hf_tokenizer(vocab, str(big))
+  big = _hf_dir_with(tmp_path / "big", 1024, vocab)
   with pytest.warns(UserWarning, match=r"the tokenizer has 407 ids for the model's 1024 "
                     r"embedding rows: is it this model's tokenizer\?"):
     import_hf(str(big), str(tmp_path / "big_imported"))
+
+
+def _hf_dir_with(folder, vocab_size, vocab):
+  """An HF folder of a tiny T5 with `vocab_size` embedding rows and `vocab`'s tokenizer."""
+  config = tiny(vocab_size=vocab_size)
+  hf.save_hf(config, jax.device_get(init_params(config, 2)), str(folder))
+  hf_tokenizer.write_hf_tokenizer(vocab, str(folder))
+  return folder
 
 
 def train_tasks_spiece_dir(tmp_path):
