@@ -1,7 +1,7 @@
 """Distillation (t5lite.families.distillation): each loss term against a plain numpy
 re-derivation, the whole loss of BERT-like teacher and student against one computed from
 HF transformers' outputs (logits, hidden states, and attention scores rebuilt from HF's
-weights), logit distillation of decoder-only and encoder-decoder models, a run through the
+weights), one DistilBERT step's loss and gradients against PyTorch on HF's modules, logit distillation of decoder-only and encoder-decoder models, a run through the
 trainer that leaves the teacher bitwise unchanged and records it, the student made of
 teacher layers (`t5lite export student`), and bad input."""
 import hashlib
@@ -19,6 +19,7 @@ import t5lite
 import train_tasks  # noqa: F401 (registers train_test_mlm)
 from helpers import quiet, tiny, tiny_decoder_only, tiny_encoder_only, train_config
 from helpers.distill import log_softmax, wrap, write_teacher
+from helpers.hf_models import assert_gradients_match
 from t5lite import cli
 from t5lite.errors import ConfigError
 from t5lite.families import distillation_losses as dl
@@ -170,6 +171,52 @@ def test_the_whole_loss_equals_one_rederived_from_hf_outputs(student_width, tmp_
   for name, value in (("hard", hard), ("soft", soft), ("hidden", hidden),
                       ("embedding", embedding), ("attention", attention)):
     assert metrics[f"distill_{name}_loss"] == pytest.approx(value, rel=1e-4), name
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("length", [14, 23])
+def test_one_distilbert_step_equals_a_torch_rederivation_on_hf_modules(length, tmp_path):
+  """DistilBERT's triple loss (5 x soft at T=2, 2 x MLM, 1 x cosine of the last hidden
+  states), one training step of a 2-layer student under a 4-layer teacher, against PyTorch
+  in float64 on HF's BertForMaskedLM: the loss and every student gradient within 1e-5."""
+  teacher_config = bert(4, 32, dropout_rate=0.0)
+  teacher_params = write_teacher(tmp_path / "teacher", teacher_config, seed=2)
+  student_config = bert(2, 32, dropout_rate=0.0)
+  family = wrap(student_config, DistillationConfig(teacher=str(tmp_path / "teacher"),
+                                                   **DISTILBERT))
+  noise = np.random.RandomState(4)
+  params = jax.tree.map(lambda p: p + 0.05 * noise.standard_normal(p.shape).astype(p.dtype),
+                        jax.device_get(family.init_params(5)))
+  batch = mlm_batch(length=length, seed=6)
+
+  def mean_loss(p):
+    loss_sum, sums = family.loss_fn(p, batch, jax.random.key(0), fixed_params=teacher_params)
+    return loss_sum / sums["normalizer"]
+  loss, grads = jax.jit(jax.value_and_grad(mean_loss))(params)
+
+  t5lite.save_hf(student_config, params, str(tmp_path / "student"))
+  t5lite.save_hf(teacher_config, teacher_params, str(tmp_path / "teacher_hf"))
+  load = transformers.BertForMaskedLM.from_pretrained
+  student = load(str(tmp_path / "student")).double().eval()
+  teacher = load(str(tmp_path / "teacher_hf")).double().eval().requires_grad_(False)
+  tokens = torch.tensor(batch["encoder_input_tokens"])
+  real = torch.tensor(batch["encoder_segment_ids"] > 0)
+  s_out, t_out = (m(tokens, attention_mask=real.long(), output_hidden_states=True)
+                  for m in (student, teacher))
+  log_p_s, log_p_t = (torch.log_softmax(o.logits / 2.0, -1) for o in (s_out, t_out))
+  soft = 4.0 * (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)[real].mean()
+  weights = torch.tensor(batch["mlm_loss_weights"], dtype=torch.float64)
+  nll = torch.nn.functional.cross_entropy(
+      s_out.logits.transpose(1, 2), torch.tensor(batch["mlm_target_tokens"], dtype=torch.long),
+      reduction="none")
+  hard = (nll * weights).sum() / weights.sum()
+  cosine = 1.0 - torch.nn.functional.cosine_similarity(
+      s_out.hidden_states[-1], t_out.hidden_states[-1], dim=-1)
+  expected = 5.0 * soft + 2.0 * hard + 1.0 * cosine[real].mean()
+  expected.backward()
+
+  assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+  assert assert_gradients_match(student_config, grads, student) == len(jax.tree.leaves(grads))
 
 
 @pytest.mark.parametrize("make", [tiny_decoder_only, tiny], ids=["decoder_only", "encoder_decoder"])

@@ -1,7 +1,8 @@
 """ELECTRA (t5lite.families.electra, t5lite.interop.hf.electra): HF parity of each network on
 random odd-shaped models, the pair exported as two HF directories equal to the networks the
 loss runs, the loss and its metrics against a numpy re-derivation from HF's own outputs, no
-gradient through the generator's sample, sharded = one device, sizes and bad input.
+gradient through the generator's sample, one training step's loss and gradients against
+PyTorch on HF's modules, sharded = one device, sizes and bad input.
 
 Replaced tokens come from sampling; the loss test makes the sample certain (a generator
 whose output bias puts all its mass on one token), so that the reference knows it."""
@@ -20,12 +21,15 @@ from t5lite.errors import ConfigError
 from t5lite.interop.hf import checkpoints as hf
 from t5lite.interop import params_only
 from t5lite.families import family_of
-from t5lite.families.electra import generator_config, with_shared
+from t5lite.families.electra import discriminator_config, generator_config, with_shared
+from t5lite.families.encoder_only import mlm_slots
 from t5lite.models import count_params
 from t5lite.models.config import ModelConfig
 from t5lite.models.electra_config import ElectraConfig
 from t5lite.runtime.partitioning import (MeshConfig, activate, logical_axis_rules, make_mesh,
                                          param_shardings)
+
+from helpers.hf_models import assert_gradients_match
 
 T = transformers
 # Odd widths: E != H (projected) and E == H (no projection); 3 token types.
@@ -259,6 +263,72 @@ def test_no_gradient_flows_through_the_sample_but_both_losses_train_the_shared_t
   table = lambda g: np.asarray(g["discriminator"]["token_embedder"]["embedding"])  # noqa: E731
   assert np.abs(table(with_disc) - table(without)).max() > 0
   assert np.abs(table(without)).max() > 0  # the generator's MLM loss trains it too
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("length, chosen", [(37, 5), (16, 2)])
+def test_one_training_step_equals_a_torch_rederivation_on_hf_modules(length, chosen, tmp_path):
+  """One training step of the pair against PyTorch in float64 on HF's ElectraForMaskedLM and
+  ElectraForPreTraining sharing one electra.embeddings (and the generator's tied output
+  table): the same params and batch, the replacements re-derived from the step's key (the
+  generator samples each row's first MLM slots as argmax(logits + Gumbel noise), as
+  jax.random.categorical draws), labels, generator MLM mean + 50 x discriminator BCE mean.
+  The loss and every gradient (the discriminator's, the generator's own, the shared tables'
+  total of both losses) agree within 1e-5."""
+  config = pair_config(dropout_rate=0.0)
+  family = family_of(config)
+  noise = np.random.RandomState(8)
+  params = jax.tree.map(lambda p: p + 0.05 * noise.standard_normal(p.shape).astype(p.dtype),
+                        jax.device_get(family.init_params(6)))
+  batch = masked_batch(3, length, chosen, token=7)
+  rng = jax.random.key(11)
+
+  def mean_loss(p):
+    loss_sum, sums = family.loss_fn(p, batch, rng)
+    return loss_sum / sums["normalizer"], sums
+  (loss, sums), grads = jax.jit(jax.value_and_grad(mean_loss, has_aux=True))(params)
+
+  for name, net_config, net_params in family.networks(params):
+    t5lite.save_hf(net_config, net_params, str(tmp_path / name))
+  gen = T.ElectraForMaskedLM.from_pretrained(str(tmp_path / "generator")).double().eval()
+  disc = T.ElectraForPreTraining.from_pretrained(str(tmp_path / "discriminator")).double().eval()
+  gen.electra.embeddings = disc.electra.embeddings
+  gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+  real = batch["encoder_segment_ids"] > 0
+  mask = torch.tensor(real.astype(np.int64))
+  weights, original = batch["mlm_loss_weights"], batch["mlm_target_tokens"]
+  gen_logits = gen(torch.tensor(batch["encoder_input_tokens"]), attention_mask=mask).logits
+  nll = torch.nn.functional.cross_entropy(gen_logits.transpose(1, 2),
+                                          torch.tensor(original, dtype=torch.long),
+                                          reduction="none")
+  generator_mean = (nll * torch.tensor(weights)).sum() / weights.sum()
+
+  rows = np.arange(len(original))[:, None]
+  order = np.argsort(~(weights > 0), axis=1, kind="stable")[:, :mlm_slots(length)]
+  gumbel = jax.random.gumbel(jax.random.split(rng, 3)[2], order.shape + (config.vocab_size,))
+  picked = gen_logits.detach().numpy()[rows, order]
+  corrupted = original.copy()
+  corrupted[rows, order] = np.argmax(picked + np.asarray(gumbel, np.float64), axis=-1)
+  corrupted = np.where(weights > 0, corrupted, original)
+  replaced = (corrupted != original) & real
+  assert 0 < replaced.sum() <= weights.sum()
+  disc_logits = disc(torch.tensor(corrupted), attention_mask=mask).logits
+  bce = torch.nn.functional.binary_cross_entropy_with_logits(
+      disc_logits, torch.tensor(replaced, dtype=torch.float64), reduction="none")
+  discriminator_mean = bce[torch.tensor(real)].mean()
+  expected = generator_mean + 50.0 * discriminator_mean
+  expected.backward()
+
+  assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+  assert float(sums["replaced_actual"]) == replaced.sum()  # the same samples
+  assert float(sums["discriminator_loss"]) / real.sum() == pytest.approx(
+      discriminator_mean.item(), rel=1e-5)
+  compared = assert_gradients_match(
+      discriminator_config(config), grads["discriminator"], disc)
+  compared += assert_gradients_match(
+      generator_config(config), with_shared(grads["generator"], grads["discriminator"]), gen,
+      skip=("electra.embeddings.",))  # the shared tables: compared with the discriminator's
+  assert compared == len(jax.tree.leaves(grads))
 
 
 def test_a_sharded_pair_gives_the_one_device_loss():

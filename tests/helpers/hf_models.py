@@ -35,3 +35,25 @@ def make_hf_model(name, seed=0):
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.05)
   return model
+
+
+def assert_gradients_match(config, grads, model, skip=(), tolerance=1e-5) -> int:
+  """Every gradient of the HF torch `model` (after its backward) equals t5lite's `grads` for
+  `config`, mapped to HF names by the same layout that exports params: within tolerance x
+  max(1, the tensor's largest |gradient|). Names starting with a prefix in `skip` are left
+  out; tied weights count once (under their first name). Returns how many were compared."""
+  import numpy as np
+
+  from t5lite.interop.hf.checkpoints import params_to_hf
+  ours = params_to_hf(config, grads)
+  compared = 0
+  for name, param in model.named_parameters():
+    if name.startswith(tuple(skip)):
+      continue
+    assert name in ours, f"{name} has no t5lite gradient"
+    expected = param.grad.double().numpy()
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(np.asarray(ours[name], np.float64), expected, rtol=0,
+                               atol=tolerance * scale, err_msg=name)
+    compared += 1
+  return compared
