@@ -266,16 +266,19 @@ def test_no_gradient_flows_through_the_sample_but_both_losses_train_the_shared_t
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("length, chosen", [(37, 5), (16, 2)])
-def test_one_training_step_equals_a_torch_rederivation_on_hf_modules(length, chosen, tmp_path):
+@pytest.mark.parametrize("length, chosen, temperature", [(37, 5, 1.0), (16, 2, 2.0)])
+def test_one_training_step_equals_a_torch_rederivation_on_hf_modules(length, chosen, temperature,
+                                                                       tmp_path):
   """One training step of the pair against PyTorch in float64 on HF's ElectraForMaskedLM and
   ElectraForPreTraining sharing one electra.embeddings (and the generator's tied output
   table): the same params and batch, the replacements re-derived from the step's key (the
-  generator samples each row's first MLM slots as argmax(logits + Gumbel noise), as
-  jax.random.categorical draws), labels, generator MLM mean + 50 x discriminator BCE mean.
+  generator samples each row's first MLM slots as argmax(logits / temperature + Gumbel
+  noise), as jax.random.categorical draws), labels, generator MLM mean + 50 x discriminator
+  BCE mean.
   The loss and every gradient (the discriminator's, the generator's own, the shared tables'
   total of both losses) agree within 1e-5."""
-  config = pair_config(dropout_rate=0.0)
+  config = pair_config(dropout_rate=0.0, electra=ElectraConfig(
+      generator_hidden_fraction=0.25, sampling_temperature=temperature))
   family = family_of(config)
   noise = np.random.RandomState(8)
   params = jax.tree.map(lambda p: p + 0.05 * noise.standard_normal(p.shape).astype(p.dtype),
@@ -308,7 +311,8 @@ def test_one_training_step_equals_a_torch_rederivation_on_hf_modules(length, cho
   gumbel = jax.random.gumbel(jax.random.split(rng, 3)[2], order.shape + (config.vocab_size,))
   picked = gen_logits.detach().numpy()[rows, order]
   corrupted = original.copy()
-  corrupted[rows, order] = np.argmax(picked + np.asarray(gumbel, np.float64), axis=-1)
+  corrupted[rows, order] = np.argmax(picked / temperature + np.asarray(gumbel, np.float64),
+                                     axis=-1)
   corrupted = np.where(weights > 0, corrupted, original)
   replaced = (corrupted != original) & real
   assert 0 < replaced.sum() <= weights.sum()
@@ -377,6 +381,12 @@ def test_published_sizes_give_hf_parameter_counts():
 def test_a_generator_larger_than_the_discriminator_is_refused_with_both_sizes():
   with pytest.raises(ConfigError, match=r"hidden size 96 .*d_model=48.* hidden size 48"):
     pair_config(electra=ElectraConfig(generator_hidden_fraction=2.0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), "2"])
+def test_a_sampling_temperature_that_is_not_a_positive_number_is_refused(temperature):
+  with pytest.raises(ConfigError, match="sampling_temperature must be a number > 0"):
+    ElectraConfig(generator_hidden_fraction=0.25, sampling_temperature=temperature)
 
 
 def test_a_lone_discriminator_cannot_pretrain_and_says_what_to_set():

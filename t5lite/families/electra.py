@@ -229,8 +229,10 @@ def electra_loss(family: ElectraFamily, params, batch, rng):
     loss_sum, sums = token_loss_sums(logits, pick(targets), pick(weights),
                                      None if segment_ids is None else pick(segment_ids),
                                      options)
-    # Temperature 1; the sample is data for the discriminator: no gradient through it.
-    sampled = jax.random.categorical(sample_rng, jax.lax.stop_gradient(logits))  # (B, K)
+    # The sample is data for the discriminator: no gradient through it.
+    temperature = config.electra.sampling_temperature
+    sampled = jax.random.categorical(sample_rng,
+                                     jax.lax.stop_gradient(logits) / temperature)  # (B, K)
     return loss_sum, sums, put(original, sampled)
 
   gen_sum, sums, sampled = on_chosen(generator_at, weights, options.loss_normalizing_factor)

@@ -30,6 +30,9 @@ class ElectraConfig(SubConfig):
   imported from HF's ElectraForPreTraining)."""
   discriminator_loss_weight: float = 50.0
   """loss = generator MLM loss + this x the discriminator's loss (the paper's 50)."""
+  sampling_temperature: float = 1.0
+  """The generator's samples are drawn from softmax(logits / this) (ELECTRA's code: 1.0).
+  Above 1 the replacements are less plausible, so easier to detect."""
 
   def __post_init__(self):
     for field in ("generator_hidden_fraction", "discriminator_loss_weight"):
@@ -37,6 +40,11 @@ class ElectraConfig(SubConfig):
       if not (isinstance(value, (int, float)) and not isinstance(value, bool)
               and math.isfinite(value) and value >= 0):
         raise ConfigError(f"ElectraConfig.{field} must be a number >= 0, got {value!r}")
+    temperature = self.sampling_temperature
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature > 0):
+      raise ConfigError("ElectraConfig.sampling_temperature must be a number > 0 (ELECTRA's "
+                        f"1.0), got {temperature!r}")
 
   @property
   def pretrains_pair(self) -> bool:
