@@ -1,0 +1,166 @@
+"""Runs a study's arms: for each seed, pretrain (at equal FLOPs), export where the arm says,
+finetune on each downstream task, and record the figures in OUT/ARM/seedN/result.json.
+
+Every run is a real `t5lite train` / `export hf` subprocess (its output in a .log beside its
+MODEL_DIR; its command line printed first), so an arm is exactly what a user would run. A
+result.json is written last and atomically: an arm-seed that has one is done and is not
+rerun; an interrupted one starts again where its runs stopped (`t5lite train` resumes a
+MODEL_DIR from its newest checkpoint, and a finished run is left as it is).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from t5lite.cli.plot import read_metrics
+from t5lite.study.spec import FINETUNE_RUN, Arm, Scale, Study
+from t5lite.util import atomic
+
+RESULT_FILE = "result.json"
+
+
+def pretraining_cost(study: Study, arm: Arm, scale: Scale) -> tuple[float, int]:
+  """(FLOPs per example of the arm's pretraining: both networks of a pair, the cost model of
+  Family.flops_per_example; its batch size)."""
+  import gin
+
+  from t5lite.cli import gin_config
+  from t5lite.families import family_of
+  gin_config.parse([scale.model_file, arm.pretraining.run_file],
+                   [*scale.pretrain_bindings, *arm.model_bindings, *arm.pretraining.bindings])
+  lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
+  batch = gin.query_parameter("BATCH_SIZE/macro.value")
+  family = family_of(gin_config.model_config())
+  return family.flops_per_example({"encoder_input_tokens": lengths["inputs"]}), batch
+
+
+def pretraining_plan(study: Study, scale: Scale) -> dict[str, dict]:
+  """{arm: {steps, flops_per_example, batch, flops}} for the arms that pretrain: the
+  reference arm for scale.pretrain_steps, the others for as many FLOPs (or steps)."""
+  plan = {}
+  for arm in study.arms:
+    if arm.pretraining:
+      flops, batch = pretraining_cost(study, arm, scale)
+      plan[arm.name] = {"flops_per_example": flops, "batch": batch}
+  ref = plan[study.reference.name]
+  budget = scale.pretrain_steps * ref["flops_per_example"] * ref["batch"]
+  for entry in plan.values():
+    steps = (round(budget / (entry["flops_per_example"] * entry["batch"])) if study.equal_flops
+             else scale.pretrain_steps)
+    entry.update(steps=max(1, steps),
+                 flops=max(1, steps) * entry["flops_per_example"] * entry["batch"])
+  return plan
+
+
+def schedule(steps: int, start: int = 0) -> list[str]:
+  """Linear warmup over 10% of the steps, then linear decay to 0, whatever the length; one
+  eval at the end; checkpoints every quarter (an interrupted run resumes from one)."""
+  warmup = max(1, steps // 10)
+  return [f"TRAIN_STEPS={start + steps}", f"ScheduleConfig.warmup_steps={warmup}",
+          f"ScheduleConfig.decay_steps={max(1, steps - warmup)}", f"EVAL_PERIOD={start + steps}",
+          f"CheckpointConfig.period={max(1, steps // 4)}", "CheckpointConfig.keep_period=None"]
+
+
+def run_t5lite(argv: list[str], log_path: str, say) -> None:
+  """`t5lite ARGV` in a subprocess, its output appended to log_path; raises with the log's
+  tail if it fails."""
+  say(f"$ t5lite {shlex.join(argv)}")
+  started = time.time()
+  with open(log_path, "a", encoding="utf-8") as log:
+    code = subprocess.run([sys.executable, "-m", "t5lite.cli", *argv], stdout=log,
+                          stderr=subprocess.STDOUT).returncode
+  if code:
+    with open(log_path, encoding="utf-8") as log:
+      tail = "".join(log.readlines()[-15:])
+    raise RuntimeError(f"t5lite {argv[0]} failed (exit {code}); the end of {log_path}:\n{tail}")
+  say(f"  done in {time.time() - started:.0f}s")
+
+
+def _train(model_dir: str, gin_files: list[str], bindings: list[str], say) -> None:
+  run_t5lite(["train", *[f"--gin_file={f}" for f in gin_files], f"--gin.MODEL_DIR='{model_dir}'",
+              *[f"--gin.{b}" for b in bindings]], model_dir + ".log", say)
+
+
+def _exported(model_dir: str, say) -> str:
+  out = model_dir + "_hf"
+  if not os.path.exists(os.path.join(out, ".complete")):
+    if os.path.exists(out):
+      import shutil
+      shutil.rmtree(out)  # an export cut short: ours to redo
+    run_t5lite(["export", "hf", "--checkpoint", model_dir, "--out", out], model_dir + ".log",
+               say)
+    atomic.write_file(os.path.join(out, ".complete"), "")
+  return out
+
+
+def _curve(model_dir: str) -> list[list[float]]:
+  return [[r["step"], r["loss"]] for r in read_metrics(model_dir)
+          if "loss" in r and "step" in r]
+
+
+def _last(model_dir: str, key: str) -> float | None:
+  values = [r[key] for r in read_metrics(model_dir) if r.get(key) is not None]
+  return values[-1] if values else None
+
+
+def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: str,
+            say=print) -> dict:
+  """The figures of one arm at one seed (read back if already done)."""
+  folder = os.path.join(out, arm.name, f"seed{seed}")
+  result_path = os.path.join(folder, RESULT_FILE)
+  if os.path.exists(result_path):
+    say(f"{arm.name} seed {seed}: done earlier ({result_path})")
+    with open(result_path, encoding="utf-8") as f:
+      return json.load(f)
+  os.makedirs(folder, exist_ok=True)
+  seed_binding = f"RANDOM_SEED={seed}"
+  result = {"arm": arm.name, "seed": seed, "pretrain_steps": 0, "pretrain_flops": 0.0,
+            "curve": [], "downstream": {}}
+  start, start_step = "None", 0
+  if arm.pretraining:
+    steps = plan[arm.name]["steps"]
+    pretrain = os.path.join(folder, "pretrain")
+    say(f"{arm.name} seed {seed}: pretraining {steps} steps")
+    _train(pretrain, [scale.model_file, arm.pretraining.run_file],
+           [*scale.pretrain_bindings, *arm.model_bindings, *arm.pretraining.bindings,
+            seed_binding, *schedule(steps)], say)
+    result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
+                  curve=_curve(pretrain))
+    source = arm.pretraining.finetune_from
+    if source.startswith("hf:"):
+      start = os.path.join(_exported(pretrain, say), source[3:])
+    else:
+      start, start_step = pretrain, steps
+  for task in scale.downstream:
+    finetune = os.path.join(folder, f"finetune_{task.task}")
+    say(f"{arm.name} seed {seed}: finetuning on {task.task}")
+    _train(finetune, [scale.model_file, FINETUNE_RUN],
+           [*scale.pretrain_bindings, *arm.model_bindings, *study.finetune_bindings,
+            *scale.finetune_bindings, seed_binding, f"MIXTURE_OR_TASK_NAME='{task.task}'",
+            f"ModelConfig.num_labels={task.num_labels}",
+            f"INITIAL_CHECKPOINT_PATH={start if start == 'None' else repr(start)}",
+            "TrainConfig.run_eval_before_training=False",
+            *schedule(scale.finetune_steps, start_step)], say)
+    value = _last(finetune, f"eval/{task.task}/{task.metric}")
+    if value is None:
+      raise RuntimeError(f"{finetune} logged no eval/{task.task}/{task.metric}")
+    result["downstream"][task.task] = value
+  result["score"] = sum(result["downstream"].values()) / len(result["downstream"])
+  atomic.write_file(result_path, json.dumps(result, indent=1))
+  return result
+
+
+def run(study: Study, scale_name: str, seeds: int, out: str, say=print) -> dict:
+  """{arm: [result per seed]} of the whole study, seed by seed (every arm's seed 0 first, so
+  that an early stop still compares all arms)."""
+  scale = study.scale(scale_name)
+  plan = pretraining_plan(study, scale)
+  results = {arm.name: [] for arm in study.arms}
+  for seed in range(seeds):
+    for arm in study.arms:
+      results[arm.name].append(run_arm(study, arm, scale, plan, seed, out, say))
+  return results

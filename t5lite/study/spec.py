@@ -1,0 +1,134 @@
+"""What a study is: arms, each pretrained (or not) and finetuned on the same downstream tasks,
+at a scale, compared with the published figures of their paper; and the registry of presets.
+
+A preset is one module in t5lite/study/presets/ that builds a `Study` and `register`s it.
+Arms differ only in what their paper varies (objective, architecture, initialization); the
+data, batch, schedule shape, downstream tasks and finetuning recipe are the study's, the same
+for every arm: no arm is tuned alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from t5lite.errors import ConfigError
+
+FINETUNE_RUN = "gin/runs/bert_finetune.gin"
+SMOKE = "smoke"
+
+
+@dataclasses.dataclass(frozen=True)
+class Downstream:
+  """A finetuning task with a sequence-classification head and its figure (eval/TASK/METRIC)."""
+  task: str
+  num_labels: int
+  metric: str = "accuracy"
+
+
+DOWNSTREAM = (Downstream("stdlib_docstring_module_head", 8),  # 8-way classification
+              Downstream("stdlib_sentence_pair_head", 2))     # does B follow A?
+"""The embedded head tasks (tasks/embedded_heads.py): one sentence, and a sentence pair."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+  """How an arm pretrains: its run file and bindings on the study's model file."""
+  run_file: str
+  bindings: tuple[str, ...] = ()
+  finetune_from: str = ""
+  """'' finetunes from the pretraining MODEL_DIR; 'hf:SUBDIR' from SUBDIR of its `t5lite
+  export hf` (ELECTRA's pair: 'hf:discriminator')."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  name: str
+  label: str
+  pretraining: Pretraining | None
+  """None: finetuned from a random init."""
+  model_bindings: tuple[str, ...] = ()
+  """Model changes the arm keeps through pretraining and finetuning (an activation, a norm)."""
+  published: float | None = None
+  """The paper's figure for this arm (Study.published_metric), None where it gives none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """A size of the whole study: the model file every arm starts from and the step counts."""
+  model_file: str
+  pretrain_steps: int
+  """The reference arm's; the others get as many FLOPs (Study.equal_flops) or steps."""
+  finetune_steps: int
+  downstream: tuple[Downstream, ...] = DOWNSTREAM
+  pretrain_bindings: tuple[str, ...] = ()
+  finetune_bindings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  name: str
+  title: str
+  paper: str
+  """The source of the published figures, e.g. 'Clark et al. 2020, Table 1 (GLUE dev)'."""
+  published_metric: str
+  arms: tuple[Arm, ...]
+  orderings: tuple[tuple[str, str], ...]
+  """(better, worse) arm names: the paper's orderings, each checked on the mean score."""
+  scales: dict[str, Scale]
+  equal_flops: bool = True
+  """Pretrain every arm for the reference arm's FLOPs (Family.flops_per_example, both
+  networks of a pair); else for the same steps."""
+  finetune_bindings: tuple[str, ...] = ()
+  """Bindings of every finetuning run (e.g. a pair's model file read as one encoder)."""
+  note: str = ""
+  """What to know when reading the table (written under it)."""
+
+  def __post_init__(self):
+    names = [arm.name for arm in self.arms]
+    assert len(set(names)) == len(names), names
+    for pair in self.orderings:
+      assert set(pair) <= set(names), pair
+
+  def arm(self, name: str) -> Arm:
+    return next(arm for arm in self.arms if arm.name == name)
+
+  @property
+  def reference(self) -> Arm:
+    """The arm whose pretraining sets the budget: the first that pretrains."""
+    return next(arm for arm in self.arms if arm.pretraining)
+
+  def scale(self, name: str) -> Scale:
+    """One of self.scales, or 'smoke': tiny's models for a few steps, one downstream task
+    (seconds a run: a check of the plumbing, not a result)."""
+    if name == SMOKE and SMOKE not in self.scales:
+      return dataclasses.replace(self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
+                                 downstream=DOWNSTREAM[:1])
+    if name not in self.scales:
+      raise ConfigError(f"study {self.name!r} has no scale {name!r}: choose one of "
+                        f"{', '.join([*self.scales, SMOKE])}")
+    return self.scales[name]
+
+
+_STUDIES: dict[str, Study] = {}
+
+
+def register(study: Study) -> Study:
+  assert study.name not in _STUDIES, study.name
+  _STUDIES[study.name] = study
+  return study
+
+
+def names() -> list[str]:
+  _load_presets()
+  return sorted(_STUDIES)
+
+
+def get(name: str) -> Study:
+  _load_presets()
+  if name not in _STUDIES:
+    raise ConfigError(f"no study {name!r}: choose one of {', '.join(sorted(_STUDIES))} "
+                      "(`t5lite study list`)")
+  return _STUDIES[name]
+
+
+def _load_presets() -> None:
+  from t5lite.study import presets  # noqa: F401 (import = registration)

@@ -1,0 +1,127 @@
+"""`t5lite study` (t5lite/study/): every preset plans its arms at equal pretraining FLOPs at
+every scale, the report's figures against a numpy re-derivation, bad input refused in one
+line, and a smoke-sized study end to end through the CLI that resumes without rerunning what
+it finished."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers.cli import run_t5lite
+from t5lite import cli
+from t5lite.errors import ConfigError
+from t5lite.study import _check_plan, report, runner, spec
+
+
+@pytest.mark.parametrize("name", spec.names())
+def test_every_preset_plans_its_arms_at_equal_pretraining_flops(name):
+  study = spec.get(name)
+  assert study.orderings and all(arm.label for arm in study.arms)
+  for scale_name in (*study.scales, spec.SMOKE):
+    scale = study.scale(scale_name)
+    plan = runner.pretraining_plan(study, scale)
+    assert set(plan) == {arm.name for arm in study.arms if arm.pretraining}
+    assert plan[study.reference.name]["steps"] == scale.pretrain_steps
+    budget = plan[study.reference.name]["flops"]
+    for arm, entry in plan.items():
+      # Equal up to rounding to whole steps.
+      one_step = entry["flops_per_example"] * entry["batch"]
+      assert abs(entry["flops"] - budget) <= one_step / 2 + 1, (scale_name, arm)
+
+
+def test_electra_counts_both_networks_so_the_mlm_gets_more_steps():
+  study = spec.get("electra_vs_mlm")
+  plan = runner.pretraining_plan(study, study.scale("tiny"))
+  assert plan["electra"]["flops_per_example"] > 1.05 * plan["mlm"]["flops_per_example"]
+  assert plan["mlm"]["steps"] > plan["electra"]["steps"] == 800
+
+
+def result(arm, seed, accuracies, steps=10, flops=1e9):
+  return {"arm": arm, "seed": seed, "pretrain_steps": steps, "pretrain_flops": flops,
+          "curve": [[5, 7.0], [10, 6.5]], "downstream": accuracies,
+          "score": float(np.mean(list(accuracies.values())))}
+
+
+def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_path):
+  study = spec.get("electra_vs_mlm")
+  tasks = ("a_head", "b_head")
+  electra = [{"a_head": 40.0, "b_head": 70.0}, {"a_head": 44.0, "b_head": 61.0}]
+  mlm = [{"a_head": 50.0, "b_head": 72.5}, {"a_head": 52.0, "b_head": 71.5}]
+  results = {"electra": [result("electra", s, a) for s, a in enumerate(electra)],
+             "mlm": [result("mlm", s, a) for s, a in enumerate(mlm)]}
+  summary = report.summarize(study, results, "tiny")
+  for name, runs in (("electra", electra), ("mlm", mlm)):
+    scores = [np.mean([r[t] for t in tasks]) for r in runs]
+    arm = summary["arms"][name]
+    assert arm["score_mean"] == pytest.approx(np.mean(scores))
+    assert arm["score_std"] == pytest.approx(np.std(scores, ddof=1))
+    for t in tasks:
+      assert arm["downstream"][t]["std"] == pytest.approx(np.std([r[t] for r in runs], ddof=1))
+  (ordering,) = summary["orderings"]
+  assert ordering == {"better": "electra", "worse": "mlm", "held": False,
+                      "gap": pytest.approx(np.mean([55, 52.5]) - np.mean([61.25, 61.75]))}
+  text = report.markdown(study, summary)
+  assert "| ELECTRA | 10 | 1e+09 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |" in text
+  assert "ELECTRA > BERT MLM: **did not hold** here (score gap -7.8)" in text
+  paths = report.write(study, results, summary, str(tmp_path))
+  assert json.loads(open(paths["json"]).read())["orderings"][0]["held"] is False
+  assert os.path.getsize(paths["png"]) > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], "no study 'nope': choose one of electra_vs_mlm, modifications"),
+    (["electra_vs_mlm", "--scale", "huge"], "has no scale 'huge': choose one of tiny, small, smoke"),
+    (["electra_vs_mlm", "--seeds", "0"], "--seeds must be at least 1"),
+])
+def test_bad_arguments_are_refused_in_one_line(args, message, capsys, tmp_path):
+  assert cli.main(["study", *args, "--out", str(tmp_path / "out")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and len(err.splitlines()) == 1
+
+
+def test_an_out_folder_holds_one_study(tmp_path):
+  plan = {"study": "a", "scale": "tiny", "plan": {"x": 10}}
+  _check_plan(str(tmp_path), plan)
+  _check_plan(str(tmp_path), plan)  # the same study again: continued
+  with pytest.raises(ConfigError, match="holds study 'a' at scale 'tiny'"):
+    _check_plan(str(tmp_path), {**plan, "scale": "small"})
+
+
+def test_study_list_names_every_preset(capsys):
+  assert cli.main(["study", "list"]) == 0
+  listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+  assert listed == spec.names() and {"electra_vs_mlm", "pretrain_vs_scratch",
+                                     "modifications"} <= set(listed)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_smoke_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path):
+  """electra_vs_mlm at smoke scale (a pair exported to HF and finetuned from its
+  discriminator, an MLM finetuned from its MODEL_DIR); then, with one arm's result removed,
+  the rerun reads the other arm's and finds that arm's runs finished."""
+  out = tmp_path / "study"
+  done = run_t5lite("study", "electra_vs_mlm", "--scale", "smoke", "--out", out, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  line = json.loads(done.stdout.strip().splitlines()[-1])
+  assert line["study"] == "electra_vs_mlm" and set(line["arms"]) == {"electra", "mlm"}
+  assert line["arms"]["electra"]["published"] == 79.9
+  assert isinstance(line["orderings"][0]["held"], bool)
+  table = (out / "study.md").read_text()
+  assert "| ELECTRA | 6 |" in table and "| BERT MLM | 6 |" in table
+  assert (out / "study.png").stat().st_size > 10_000
+  for arm in ("electra", "mlm"):
+    figures = json.loads((out / arm / "seed0" / "result.json").read_text())
+    accuracy = figures["downstream"]["stdlib_docstring_module_head"]
+    assert 0 <= accuracy <= 100 and figures["curve"]
+  assert (out / "electra" / "seed0" / "pretrain_hf" / "discriminator" / "config.json").exists()
+
+  kept = (out / "electra" / "seed0" / "result.json").stat().st_mtime_ns
+  (out / "mlm" / "seed0" / "result.json").unlink()
+  again = run_t5lite("study", "electra_vs_mlm", "--scale", "smoke", "--out", out, timeout=900)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "electra seed 0: done earlier" in again.stdout
+  assert (out / "electra" / "seed0" / "result.json").stat().st_mtime_ns == kept
+  assert "nothing to do" in (out / "mlm" / "seed0" / "pretrain.log").read_text()
+  assert json.loads(again.stdout.strip().splitlines()[-1])["arms"] == line["arms"]
