@@ -25,7 +25,7 @@ import sys
 import time
 
 from t5lite.errors import ConfigError
-from t5lite.study import report, runner, spec
+from t5lite.study import presets, report, runner, spec  # noqa: F401 (presets: registration)
 from t5lite.util import atomic
 
 PLAN_FILE = "plan.json"

@@ -1,7 +1,8 @@
 """What a study is: arms, each pretrained (or not) and finetuned on the same downstream tasks,
 at a scale, compared with the published figures of their paper; and the registry of presets.
 
-A preset is one module in t5lite/study/presets/ that builds a `Study` and `register`s it.
+A preset is one module in t5lite/study/presets/ that builds a `Study` and `register`s it
+(importing t5lite.study registers them all).
 Arms differ only in what their paper varies (objective, architecture, initialization); the
 data, batch, schedule shape, downstream tasks and finetuning recipe are the study's, the same
 for every arm: no arm is tuned alone.
@@ -118,17 +119,11 @@ def register(study: Study) -> Study:
 
 
 def names() -> list[str]:
-  _load_presets()
   return sorted(_STUDIES)
 
 
 def get(name: str) -> Study:
-  _load_presets()
   if name not in _STUDIES:
     raise ConfigError(f"no study {name!r}: choose one of {', '.join(sorted(_STUDIES))} "
                       "(`t5lite study list`)")
   return _STUDIES[name]
-
-
-def _load_presets() -> None:
-  from t5lite.study import presets  # noqa: F401 (import = registration)
