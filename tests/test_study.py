@@ -70,7 +70,7 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nope"], "no study 'nope': choose one of electra_vs_mlm, modifications"),
+    (["nope"], "no study 'nope': choose one of bert_ablations, electra_vs_mlm"),
     (["electra_vs_mlm", "--scale", "huge"], "has no scale 'huge': choose one of tiny, small, smoke"),
     (["electra_vs_mlm", "--seeds", "0"], "--seeds must be at least 1"),
 ])
@@ -92,7 +92,7 @@ def test_study_list_names_every_preset(capsys):
   assert cli.main(["study", "list"]) == 0
   listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
   assert listed == spec.names() and {"electra_vs_mlm", "pretrain_vs_scratch",
-                                     "modifications"} <= set(listed)
+                                     "modifications", "bert_ablations"} <= set(listed)
 
 
 @pytest.mark.e2e
