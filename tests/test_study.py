@@ -70,7 +70,7 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nope"], "no study 'nope': choose one of bert_ablations, electra_vs_mlm"),
+    (["nope"], "no study 'nope': choose one of bert_ablations, distillation"),
     (["electra_vs_mlm", "--scale", "huge"], "has no scale 'huge': choose one of tiny, small, smoke"),
     (["electra_vs_mlm", "--seeds", "0"], "--seeds must be at least 1"),
 ])

@@ -85,16 +85,31 @@ def _train(model_dir: str, gin_files: list[str], bindings: list[str], say) -> No
               *[f"--gin.{b}" for b in bindings]], model_dir + ".log", say)
 
 
-def _exported(model_dir: str, say) -> str:
-  out = model_dir + "_hf"
+def _export(kind: str, checkpoint: str, out: str, flags: list[str], log: str, say) -> str:
+  """`t5lite export KIND` of checkpoint into out, once: a marker written after it says done
+  (an export cut short is removed and redone)."""
   if not os.path.exists(os.path.join(out, ".complete")):
     if os.path.exists(out):
       import shutil
-      shutil.rmtree(out)  # an export cut short: ours to redo
-    run_t5lite(["export", "hf", "--checkpoint", model_dir, "--out", out], model_dir + ".log",
-               say)
+      shutil.rmtree(out)
+    run_t5lite(["export", kind, "--checkpoint", checkpoint, "--out", out, *flags], log, say)
     atomic.write_file(os.path.join(out, ".complete"), "")
   return out
+
+
+def _teacher_bindings(arm: Arm, out: str, seed: int, folder: str, say) -> list[str]:
+  """TEACHER (the teacher arm's pretraining at this seed) and, with teacher_layers, the
+  student's start made of the teacher's layers."""
+  if not arm.pretraining.teacher:
+    return []
+  teacher = os.path.join(out, arm.pretraining.teacher, f"seed{seed}", "pretrain")
+  bindings = [f"TEACHER={teacher!r}"]
+  if arm.pretraining.teacher_layers:
+    init = _export("student", teacher, os.path.join(folder, "student_init"),
+                   ["--layers", arm.pretraining.teacher_layers, "--keep_token_types",
+                    "--keep_pooler"], os.path.join(folder, "pretrain.log"), say)
+    bindings.append(f"INITIAL_CHECKPOINT_PATH={init!r}")
+  return bindings
 
 
 def _curve(model_dir: str) -> list[list[float]]:
@@ -127,12 +142,14 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
            [*scale.pretrain_bindings, *arm.model_bindings, *arm.pretraining.bindings,
-            seed_binding, *schedule(steps)], say)
+            *_teacher_bindings(arm, out, seed, folder, say), seed_binding, *schedule(steps)],
+           say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
                   curve=_curve(pretrain))
     source = arm.pretraining.finetune_from
     if source.startswith("hf:"):
-      start = os.path.join(_exported(pretrain, say), source[3:])
+      start = os.path.join(_export("hf", pretrain, pretrain + "_hf", [], pretrain + ".log", say),
+                           source[3:])
     else:
       start, start_step = pretrain, steps
   for task in scale.downstream:

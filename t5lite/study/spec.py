@@ -38,6 +38,12 @@ class Pretraining:
   finetune_from: str = ""
   """'' finetunes from the pretraining MODEL_DIR; 'hf:SUBDIR' from SUBDIR of its `t5lite
   export hf` (ELECTRA's pair: 'hf:discriminator')."""
+  teacher: str = ""
+  """An earlier arm whose pretrained MODEL_DIR (same seed) is this run's TEACHER macro (a
+  distillation run file such as gin/runs/distilbert.gin)."""
+  teacher_layers: str = ""
+  """With a teacher: start from its layers (`t5lite export student --layers`, e.g. '0,2'),
+  not from a random init."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +92,9 @@ class Study:
   def __post_init__(self):
     names = [arm.name for arm in self.arms]
     assert len(set(names)) == len(names), names
+    for i, arm in enumerate(self.arms):  # a teacher runs first, in the same seed
+      assert not arm.pretraining or not arm.pretraining.teacher or (
+          arm.pretraining.teacher in names[:i]), arm.name
     for pair in self.orderings:
       assert set(pair) <= set(names), pair
 
