@@ -31,7 +31,8 @@ def pretraining_cost(study: Study, arm: Arm, scale: Scale) -> tuple[float, int]:
   from t5lite.cli import gin_config
   from t5lite.families import family_of
   gin_config.parse([scale.model_file, arm.pretraining.run_file],
-                   [*scale.pretrain_bindings, *arm.model_bindings, *arm.pretraining.bindings])
+                   [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
+                    *arm.pretraining.bindings])
   lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
   batch = gin.query_parameter("BATCH_SIZE/macro.value")
   family = family_of(gin_config.model_config())
@@ -141,8 +142,8 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     pretrain = os.path.join(folder, "pretrain")
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
-           [*scale.pretrain_bindings, *arm.model_bindings, *arm.pretraining.bindings,
-            *_teacher_bindings(arm, out, seed, folder, say), seed_binding, *schedule(steps)],
+           [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
+            *arm.pretraining.bindings, *_teacher_bindings(arm, out, seed, folder, say), seed_binding, *schedule(steps)],
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
                   curve=_curve(pretrain))
@@ -156,7 +157,7 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     finetune = os.path.join(folder, f"finetune_{task.task}")
     say(f"{arm.name} seed {seed}: finetuning on {task.task}")
     _train(finetune, [scale.model_file, FINETUNE_RUN],
-           [*scale.pretrain_bindings, *arm.model_bindings, *study.finetune_bindings,
+           [*scale.model_bindings, *arm.model_bindings, *study.finetune_bindings,
             *scale.finetune_bindings, seed_binding, f"MIXTURE_OR_TASK_NAME='{task.task}'",
             f"ModelConfig.num_labels={task.num_labels}",
             f"INITIAL_CHECKPOINT_PATH={start if start == 'None' else repr(start)}",

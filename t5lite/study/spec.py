@@ -25,6 +25,10 @@ class Downstream:
   metric: str = "accuracy"
 
 
+BERT_SMALL = ("ModelConfig.num_encoder_layers=12", "ModelConfig.d_model=256",
+              "ModelConfig.num_heads=4", "ModelConfig.d_ff=1024")
+"""BERT-Small as ELECTRA's paper sizes it (12 layers of 256, 4 heads, FF 1024): the `small`
+scale of the presets on gin/models/bert/tiny.gin."""
 DOWNSTREAM = (Downstream("stdlib_docstring_module_head", 8),  # 8-way classification
               Downstream("stdlib_sentence_pair_head", 2))     # does B follow A?
 """The embedded head tasks (tasks/embedded_heads.py): one sentence, and a sentence pair."""
@@ -66,7 +70,10 @@ class Scale:
   """The reference arm's; the others get as many FLOPs (Study.equal_flops) or steps."""
   finetune_steps: int
   downstream: tuple[Downstream, ...] = DOWNSTREAM
+  model_bindings: tuple[str, ...] = ()
+  """The model's size at this scale (pretraining and finetuning)."""
   pretrain_bindings: tuple[str, ...] = ()
+  """Pretraining only (its batch size, say)."""
   finetune_bindings: tuple[str, ...] = ()
 
 

@@ -8,7 +8,7 @@ pairs (no next-sentence head), and MLM alone on packed full segments (gin/runs/s
 BERT's left-to-right arm is not here: it needs a decoder finetuned on these tasks in their
 decoder format, which the study's one finetuning recipe does not cover yet.
 """
-from t5lite.study.spec import Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
 
 PAIRS = "gin/runs/stdlib_bert_pretrain.gin"
 
@@ -23,11 +23,10 @@ register(Study(
     orderings=(("mlm_nsp", "mlm"), ("mlm_full", "mlm_nsp")),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=1_000, finetune_steps=300),
-        # BERT-Small as ELECTRA's paper sizes it (12 layers of 256, 4 heads), batch 128.
+        # BERT-Small, batch 128.
         "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       pretrain_bindings=("ModelConfig.num_encoder_layers=12",
-                                          "ModelConfig.d_model=256", "ModelConfig.num_heads=4",
-                                          "ModelConfig.d_ff=1024", "BATCH_SIZE=128")),
+                       model_bindings=BERT_SMALL,
+                       pretrain_bindings=("BATCH_SIZE=128",)),
     },
     note=("The sentence-pair task (is B the sentence after A?) is close to NSP itself: expect "
           "the NSP arm's gain there first."),

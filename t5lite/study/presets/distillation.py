@@ -34,8 +34,9 @@ register(Study(
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=800, finetune_steps=300),
         # BERT-Small's width (256, 4 heads), the same depths, batch 128.
         "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       pretrain_bindings=("ModelConfig.d_model=256", "ModelConfig.num_heads=4",
-                                          "ModelConfig.d_ff=1024", "BATCH_SIZE=128")),
+                       model_bindings=("ModelConfig.d_model=256", "ModelConfig.num_heads=4",
+                                       "ModelConfig.d_ff=1024"),
+                       pretrain_bindings=("BATCH_SIZE=128",)),
     },
     equal_flops=False,
 ))

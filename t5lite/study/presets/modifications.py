@@ -7,7 +7,7 @@ The gated variants carry a third MLP matrix: at equal FLOPs they get fewer steps
 al. shrink d_ff instead). The paper gives SuperGLUE scores per variant for T5-base at scale;
 the table shows the orderings only.
 """
-from t5lite.study.spec import Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
 
 MLM = Pretraining("gin/runs/stdlib_mlm.gin")
 
@@ -31,8 +31,7 @@ register(Study(
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=800, finetune_steps=300),
         "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       pretrain_bindings=("ModelConfig.num_encoder_layers=12",
-                                          "ModelConfig.d_model=256", "ModelConfig.num_heads=4",
-                                          "ModelConfig.d_ff=1024", "BATCH_SIZE=128")),
+                       model_bindings=BERT_SMALL,
+                       pretrain_bindings=("BATCH_SIZE=128",)),
     },
 ))

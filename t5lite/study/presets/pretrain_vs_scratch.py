@@ -4,7 +4,7 @@ init (Raffel et al. 2020, Table 1: GLUE average 83.28 pretrained vs 66.22 withou
 The pretrained arm is BERT's MLM on the embedded corpus; the scratch arm finetunes the same
 network, with the same steps and recipe, from a random init.
 """
-from t5lite.study.spec import Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
 
 register(Study(
     name="pretrain_vs_scratch",
@@ -17,10 +17,9 @@ register(Study(
     orderings=(("pretrained", "scratch"),),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=1_200, finetune_steps=300),
-        # BERT-Small as ELECTRA's paper sizes it (12 layers of 256, 4 heads), batch 128.
+        # BERT-Small, batch 128.
         "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       pretrain_bindings=("ModelConfig.num_encoder_layers=12",
-                                          "ModelConfig.d_model=256", "ModelConfig.num_heads=4",
-                                          "ModelConfig.d_ff=1024", "BATCH_SIZE=128")),
+                       model_bindings=BERT_SMALL,
+                       pretrain_bindings=("BATCH_SIZE=128",)),
     },
 ))
