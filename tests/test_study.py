@@ -62,11 +62,16 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
     for t in tasks:
       assert arm["downstream"][t]["std"] == pytest.approx(np.std([r[t] for r in runs], ddof=1))
   (ordering,) = summary["orderings"]
-  assert ordering == {"better": "electra", "worse": "mlm", "held": False,
+  # Scores 55, 52.5 (std 1.8) against 61.25, 61.75 (std 0.35): a gap of -7.75.
+  assert ordering == {"better": "electra", "worse": "mlm", "held": False, "beyond_spread": True,
                       "gap": pytest.approx(np.mean([55, 52.5]) - np.mean([61.25, 61.75]))}
   text = report.markdown(study, summary)
   assert "| ELECTRA | 10 | 1e+09 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |" in text
-  assert "ELECTRA > BERT MLM: **did not hold** here (score gap -7.8)" in text
+  assert ("ELECTRA > BERT MLM: **did not hold** here (score gap -7.8, beyond the seeds' "
+          "spread)") in text
+  one_seed = report.summarize(study, {k: v[:1] for k, v in results.items()}, "tiny")
+  assert one_seed["orderings"][0]["beyond_spread"] is None
+  assert "no spread measured" in report.markdown(study, one_seed)
   paths = report.write(study, results, summary, str(tmp_path))
   assert json.loads(open(paths["json"]).read())["orderings"][0]["held"] is False
   assert os.path.getsize(paths["png"]) > 10_000

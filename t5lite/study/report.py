@@ -33,7 +33,11 @@ def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
   orderings = []
   for better, worse in study.orderings:
     gap = arms[better]["score_mean"] - arms[worse]["score_mean"]
-    orderings.append({"better": better, "worse": worse, "gap": gap, "held": gap > 0})
+    # Whether the gap exceeds the two arms' spread over seeds (None: one seed, no spread).
+    spread = arms[better]["score_std"] + arms[worse]["score_std"]
+    beyond = abs(gap) > spread if arms[better]["seeds"] > 1 else None
+    orderings.append({"better": better, "worse": worse, "gap": gap, "held": gap > 0,
+                      "beyond_spread": beyond})
   return {"study": study.name, "scale": scale, "paper": study.paper,
           "published_metric": study.published_metric, "arms": arms, "orderings": orderings}
 
@@ -60,8 +64,11 @@ def markdown(study: Study, summary: dict) -> str:
   lines.append("")
   for o in summary["orderings"]:
     verdict = "held" if o["held"] else "did not hold"
+    spread = {None: "one seed: no spread measured", True: "beyond the seeds' spread",
+              False: "within the seeds' spread"}[o["beyond_spread"]]
     lines.append(f"- Published ordering {arms[o['better']]['label']} > "
-                 f"{arms[o['worse']]['label']}: **{verdict}** here (score gap {o['gap']:+.1f}).")
+                 f"{arms[o['worse']]['label']}: **{verdict}** here (score gap "
+                 f"{o['gap']:+.1f}, {spread}).")
   if study.note:
     lines += ["", study.note]
   return "\n".join(lines) + "\n"
