@@ -43,6 +43,7 @@ def test_electra_counts_both_networks_so_the_mlm_gets_more_steps():
 def result(arm, seed, accuracies, steps=10, flops=1e9):
   return {"arm": arm, "seed": seed, "pretrain_steps": steps, "pretrain_flops": flops,
           "curve": [[5, 7.0], [10, 6.5]], "downstream": accuracies,
+          "pretrain_eval": {"stdlib_mlm/loss": 5.25 + 0.5 * seed, "stdlib_mlm/accuracy": 0.1},
           "score": float(np.mean(list(accuracies.values())))}
 
 
@@ -66,7 +67,7 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
   assert ordering == {"better": "electra", "worse": "mlm", "held": False, "beyond_spread": True,
                       "gap": pytest.approx(np.mean([55, 52.5]) - np.mean([61.25, 61.75]))}
   text = report.markdown(study, summary)
-  assert "| ELECTRA | 10 | 1e+09 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |" in text
+  assert "| ELECTRA | 10 | 1e+09 | 5.500 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |" in text
   assert ("ELECTRA > BERT MLM: **did not hold** here (score gap -7.8, beyond the seeds' "
           "spread)") in text
   one_seed = report.summarize(study, {k: v[:1] for k, v in results.items()}, "tiny")
@@ -118,6 +119,8 @@ def test_a_smoke_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path):
   assert isinstance(line["orderings"][0]["held"], bool)
   table = (out / "study.md").read_text()
   assert "| ELECTRA | 6 |" in table and "| BERT MLM | 6 |" in table
+  assert set(json.loads((out / "electra" / "seed0" / "result.json").read_text())["pretrain_eval"]
+             ) >= {"stdlib_electra_pretrain/loss", "stdlib_electra_pretrain/discriminator_loss"}
   assert (out / "study.png").stat().st_size > 10_000
   for arm in ("electra", "mlm"):
     figures = json.loads((out / arm / "seed0" / "result.json").read_text())

@@ -17,6 +17,17 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
   return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _pretraining_loss(run: dict) -> float | None:
+  """The pretraining task's eval loss (comparable between arms of one objective only); a
+  distilled run's MLM part (its hard loss), not its whole distillation loss."""
+  figures = run.get("pretrain_eval", {})
+  for suffix in ("/distill_hard_loss", "/loss"):
+    found = [v for k, v in figures.items() if k.endswith(suffix)]
+    if found:
+      return found[0]
+  return None
+
+
 def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
   """The figures of the report (what study.json holds, less the curves)."""
   arms = {}
@@ -24,8 +35,10 @@ def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
     runs = results[arm.name]
     tasks = list(runs[0]["downstream"])
     score_mean, score_std = _mean_std([r["score"] for r in runs])
+    losses = [loss for loss in map(_pretraining_loss, runs) if loss is not None]
     arms[arm.name] = {
         "label": arm.label, "seeds": len(runs), "published": arm.published,
+        "pretrain_eval_loss": statistics.fmean(losses) if losses else None,
         "pretrain_steps": runs[0]["pretrain_steps"], "pretrain_flops": runs[0]["pretrain_flops"],
         "score_mean": score_mean, "score_std": score_std,
         "downstream": {t: dict(zip(("mean", "std"), _mean_std([r["downstream"][t] for r in runs])))
@@ -48,17 +61,20 @@ def markdown(study: Study, summary: dict) -> str:
   lines = [f"## `t5lite study {study.name}`: {study.title}", "",
            f"Scale `{summary['scale']}`, {next(iter(arms.values()))['seeds']} seed(s); "
            f"figures are validation accuracy (%) after finetuning (mean ± std over seeds); "
-           f"score = their average. Published: {study.paper}, {study.published_metric}.", "",
-           "| arm | pretraining steps | pretraining FLOPs | " + " | ".join(f"`{t}`" for t in tasks)
-           + " | score | published |",
-           "| --- | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: |"]
+           f"score = their average. The pretraining eval loss is each arm's own objective's "
+           f"(comparable between arms of one objective). Published: {study.paper}, "
+           f"{study.published_metric}.", "",
+           "| arm | pretraining steps | pretraining FLOPs | pretraining eval loss | "
+           + " | ".join(f"`{t}`" for t in tasks) + " | score | published |",
+           "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: |"]
   for name, a in arms.items():
     # One seed has no spread to show.
     figure = ((lambda mean, std: f"{mean:.1f} ± {std:.1f}") if a["seeds"] > 1
               else (lambda mean, std: f"{mean:.1f}"))
     cells = [figure(a["downstream"][t]["mean"], a["downstream"][t]["std"]) for t in tasks]
     published = "—" if a["published"] is None else f"{a['published']:g}"
-    lines.append(f"| {a['label']} | {a['pretrain_steps']:,} | {a['pretrain_flops']:.3g} | "
+    loss = "—" if a["pretrain_eval_loss"] is None else f"{a['pretrain_eval_loss']:.3f}"
+    lines.append(f"| {a['label']} | {a['pretrain_steps']:,} | {a['pretrain_flops']:.3g} | {loss} | "
                  + " | ".join(cells) + f" | **{figure(a['score_mean'], a['score_std'])}** "
                  f"| {published} |")
   lines.append("")

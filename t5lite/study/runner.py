@@ -118,6 +118,14 @@ def _curve(model_dir: str) -> list[list[float]]:
           if "loss" in r and "step" in r]
 
 
+def _last_eval(model_dir: str) -> dict[str, float]:
+  """The run's last eval row: {'TASK/METRIC': value} (its pretraining task's loss, say)."""
+  rows = [r for r in read_metrics(model_dir) if any(k.startswith("eval/") for k in r)]
+  if not rows:
+    return {}
+  return {k[len("eval/"):]: v for k, v in rows[-1].items() if k.startswith("eval/")}
+
+
 def _last(model_dir: str, key: str) -> float | None:
   values = [r[key] for r in read_metrics(model_dir) if r.get(key) is not None]
   return values[-1] if values else None
@@ -128,25 +136,28 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
   """The figures of one arm at one seed (read back if already done)."""
   folder = os.path.join(out, arm.name, f"seed{seed}")
   result_path = os.path.join(folder, RESULT_FILE)
+  pretrain = os.path.join(folder, "pretrain")
   if os.path.exists(result_path):
     say(f"{arm.name} seed {seed}: done earlier ({result_path})")
     with open(result_path, encoding="utf-8") as f:
-      return json.load(f)
+      done = json.load(f)
+    if "pretrain_eval" not in done:  # recorded before the field existed
+      done["pretrain_eval"] = _last_eval(pretrain) if arm.pretraining else {}
+    return done
   os.makedirs(folder, exist_ok=True)
   seed_binding = f"RANDOM_SEED={seed}"
   result = {"arm": arm.name, "seed": seed, "pretrain_steps": 0, "pretrain_flops": 0.0,
-            "curve": [], "downstream": {}}
+            "curve": [], "pretrain_eval": {}, "downstream": {}}
   start, start_step = "None", 0
   if arm.pretraining:
     steps = plan[arm.name]["steps"]
-    pretrain = os.path.join(folder, "pretrain")
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
            [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
             *arm.pretraining.bindings, *_teacher_bindings(arm, out, seed, folder, say), seed_binding, *schedule(steps)],
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
-                  curve=_curve(pretrain))
+                  curve=_curve(pretrain), pretrain_eval=_last_eval(pretrain))
     source = arm.pretraining.finetune_from
     if source.startswith("hf:"):
       start = os.path.join(_export("hf", pretrain, pretrain + "_hf", [], pretrain + ".log", say),
