@@ -67,7 +67,8 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
   assert ordering == {"better": "electra", "worse": "mlm", "held": False, "beyond_spread": True,
                       "gap": pytest.approx(np.mean([55, 52.5]) - np.mean([61.25, 61.75]))}
   text = report.markdown(study, summary)
-  assert "| ELECTRA | 10 | 1e+09 | 5.500 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |" in text
+  assert ("| ELECTRA | 10 | 1e+09 | 5.500 | 42.0 ± 2.8 | 65.5 ± 6.4 | **53.8 ± 1.8** | 79.9 |"
+          in text)
   assert ("ELECTRA > BERT MLM: **did not hold** here (score gap -7.8, beyond the seeds' "
           "spread)") in text
   one_seed = report.summarize(study, {k: v[:1] for k, v in results.items()}, "tiny")
@@ -80,7 +81,8 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
 
 @pytest.mark.parametrize("args, message", [
     (["nope"], "no study 'nope': choose one of bert_ablations, distillation"),
-    (["electra_vs_mlm", "--scale", "huge"], "has no scale 'huge': choose one of tiny, small, smoke"),
+    (["electra_vs_mlm", "--scale", "huge"],
+     "has no scale 'huge': choose one of tiny, small, smoke"),
     (["electra_vs_mlm", "--seeds", "0"], "--seeds must be at least 1"),
 ])
 def test_bad_arguments_are_refused_in_one_line(args, message, capsys, tmp_path):

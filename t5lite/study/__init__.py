@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
       epilog="example: t5lite study electra_vs_mlm --seeds 2 --out runs/study/electra")
   parser.add_argument("name", help="a preset (`t5lite study list`), or `list`")
   parser.add_argument("--seeds", type=int, default=1, help="seeds 0 .. N-1 of every arm")
-  parser.add_argument("--scale", default="tiny", help="tiny (2 CPU cores), small (GPU/TPU) or smoke")
+  parser.add_argument("--scale", default="tiny",
+                      help="tiny (2 CPU cores), small (GPU/TPU) or smoke")
   parser.add_argument("--out", default=None, help="default: runs/study/NAME")
   return parser
 
@@ -96,6 +97,7 @@ def main(argv: list[str]) -> int:
           "arms": {name: {k: a[k] for k in ("score_mean", "score_std", "published")}
                    for name, a in summary["arms"].items()},
           "orderings": summary["orderings"], "seconds": round(time.time() - started, 1),
-          "machine": {"cpu": cpu_info(), "cores": os.cpu_count()}, **{f"{kind}_path": path for kind, path in paths.items()}}
+          "machine": {"cpu": cpu_info(), "cores": os.cpu_count()},
+          **{f"{kind}_path": path for kind, path in paths.items()}}
   sys.stdout.write(json.dumps(line) + "\n")
   return 0

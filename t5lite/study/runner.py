@@ -154,7 +154,8 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
            [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-            *arm.pretraining.bindings, *_teacher_bindings(arm, out, seed, folder, say), seed_binding, *schedule(steps)],
+            *arm.pretraining.bindings, *_teacher_bindings(arm, out, seed, folder, say),
+            seed_binding, *schedule(steps)],
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
                   curve=_curve(pretrain), pretrain_eval=_last_eval(pretrain))
