@@ -106,6 +106,14 @@ def test_study_list_names_every_preset(capsys):
                                      "modifications", "bert_ablations"} <= set(listed)
 
 
+def test_help_shows_the_usage_and_an_example(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["study", "--help"])
+  assert exit_.value.code == 0
+  out = capsys.readouterr().out
+  assert "t5lite study NAME [--seeds 1]" in out and "example: t5lite study electra_vs_mlm" in out
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_smoke_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path):
@@ -138,3 +146,4 @@ def test_a_smoke_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path):
   assert (out / "electra" / "seed0" / "result.json").stat().st_mtime_ns == kept
   assert "nothing to do" in (out / "mlm" / "seed0" / "pretrain.log").read_text()
   assert json.loads(again.stdout.strip().splitlines()[-1])["arms"] == line["arms"]
+

@@ -42,6 +42,8 @@ PLAIN_VERBS = {
                "t5lite.cli.imports"),
     "launch": ("print the per-host commands of a pod training job (TPU VM, SLURM, Kubernetes)",
                "t5lite.launch.cli"),
+    "study": ("a paper's comparison end to end (pretrain at equal FLOPs, finetune, evaluate) "
+              "over seeds, with its table (`t5lite study list`)", "t5lite.study"),
 }
 # Setup mistakes: one line on stderr and exit 2. Anything else is a bug: traceback, exit 1.
 # The environment's OSErrors count too (a missing path, a file where a folder should be, a
@@ -186,11 +188,6 @@ def _add_data_verbs(verbs) -> None:
   bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
                                          "peft", "moe"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
-  study = verbs.add_parser("study", help="a paper's comparison end to end (pretrain at equal "
-                           "FLOPs, finetune, evaluate) over seeds, with its table: `t5lite "
-                           "study list`", add_help=False)
-  study.add_argument("args", nargs=argparse.REMAINDER, help="NAME [--seeds N] [--scale S] "
-                     "[--out DIR] (--help)")
   plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
   plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
   cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
@@ -411,9 +408,6 @@ def main(argv: list[str] | None = None, tune_cpu_host: bool = False) -> int:
     if args.verb == "bench":
       import importlib  # each benchmark loads only what it measures
       return importlib.import_module(f"t5lite.bench.{args.what}").main(args.args)
-    if args.verb == "study":
-      import importlib  # the layer above the CLI (docs/architecture.md)
-      return importlib.import_module("t5lite.study").main(args.args)
     raise AssertionError(f"unhandled verb {args.verb}")
   except Exception as e:
     peers.wait_for_verdict(e)  # a lost process of the job explains any error: exit 43
@@ -448,8 +442,7 @@ def _one_line(error: Exception) -> str:
 
 def _prog(argv: list[str]) -> str:
   """'t5lite VERB' for the first verb named in argv (error lines name it), else 't5lite'."""
-  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "study", "plot",
-           "compile"}
+  verbs = {*GIN_VERBS, *PLAIN_VERBS, "smoke", "tasks", "cache", "bench", "plot", "compile"}
   return " ".join(["t5lite"] + [a for a in argv if a in verbs][:1])
 
 
