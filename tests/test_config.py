@@ -98,7 +98,12 @@ def test_sub_configs_round_trip_through_json_exactly():
   config = ModelConfig(**ENCODER, family="electra", electra=ElectraConfig(1 / 3, 7.5))
   assert ModelConfig.from_json(config.to_json()) == config
   assert json.loads(config.to_json())["electra"] == {"generator_hidden_fraction": 1 / 3,
-                                                     "discriminator_loss_weight": 7.5}
+                                                     "discriminator_loss_weight": 7.5,
+                                                     "sampling_temperature": 1.0}
+  # A config saved before sampling_temperature existed loads with ELECTRA's 1.0.
+  saved = json.loads(config.to_json())
+  del saved["electra"]["sampling_temperature"]
+  assert ModelConfig.from_dict(saved) == config
   spanbert = ModelConfig(**ENCODER, span_boundary=SpanBoundaryConfig(max_span_length=3))
   assert ModelConfig.from_json(spanbert.to_json()) == spanbert
   assert ModelConfig.from_json(ModelConfig().to_json()) == ModelConfig()
