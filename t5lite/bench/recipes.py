@@ -36,7 +36,7 @@ import os
 import time
 
 from t5lite.bench import fresh_out, machine, run_t5lite
-from t5lite.cli.plot import read_metrics
+from t5lite.cli.plot import last_value, read_metrics
 
 ELECTRA_MODEL = "gin/models/electra/tiny.gin"
 MLM_ONLY = ["ModelConfig.electra=None"]
@@ -57,11 +57,6 @@ def _schedule(steps: int) -> list[str]:
   return [f"TRAIN_STEPS={steps}", f"ScheduleConfig.warmup_steps={warmup}",
           f"ScheduleConfig.decay_steps={steps - warmup}", f"EVAL_PERIOD={steps}",
           f"CheckpointConfig.period={steps}"]
-
-
-def _last(model_dir: str, key: str) -> float | None:
-  values = [r[key] for r in read_metrics(model_dir) if r.get(key) is not None]
-  return values[-1] if values else None
 
 
 def _first_row(model_dir: str) -> dict:
@@ -98,7 +93,7 @@ def electra_vs_bert(out: str, steps: int, finetune_steps: int) -> dict:
         "pretrain_steps": run_steps,
         "pretrain_flops": run_steps * _batch_size() * (electra_flops if name == "electra"
                                                        else bert_flops),
-        "finetune_accuracy": _last(finetune, f"eval/{FINETUNE_TASK}/accuracy"),
+        "finetune_accuracy": last_value(finetune, f"eval/{FINETUNE_TASK}/accuracy"),
         "step_memory_bytes": _first_row(pretrain).get("step_memory_bytes"),
     }
   return result
@@ -130,10 +125,10 @@ def distilled_vs_scratch(out: str, steps: int, teacher_layers: int,
   figures = {}
   for name, path in (("teacher", teacher), ("distilled", distilled), ("scratch", scratch)):
     # The distilled run's eval loss holds the distillation terms: its MLM part is the hard loss.
-    mlm_loss = _last(path, f"eval/{task}/distill_hard_loss" if name == "distilled"
+    mlm_loss = last_value(path, f"eval/{task}/distill_hard_loss" if name == "distilled"
                      else f"eval/{task}/loss")
     figures[name] = {"eval_mlm_loss": mlm_loss,
-                     "eval_accuracy": _last(path, f"eval/{task}/token_accuracy"),
+                     "eval_accuracy": last_value(path, f"eval/{task}/token_accuracy"),
                      "step_memory_bytes": _first_row(path).get("step_memory_bytes")}
   for name in ("distilled", "scratch"):
     figures[name]["accuracy_gap_to_teacher"] = (figures["teacher"]["eval_accuracy"]

@@ -37,6 +37,12 @@ def read_metrics(model_dir: str | os.PathLike) -> list[dict]:
   return records
 
 
+def last_value(model_dir: str | os.PathLike, key: str) -> float | None:
+  """The last value of `key` (e.g. 'eval/TASK/accuracy') in MODEL_DIR/metrics.jsonl, or None."""
+  values = [r[key] for r in read_metrics(model_dir) if r.get(key) is not None]
+  return values[-1] if values else None
+
+
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
   points = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
   return [s for s, _ in points], [v for _, v in points]

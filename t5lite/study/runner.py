@@ -16,14 +16,14 @@ import subprocess
 import sys
 import time
 
-from t5lite.cli.plot import read_metrics
+from t5lite.cli.plot import last_value, read_metrics
 from t5lite.study.spec import FINETUNE_RUN, Arm, Scale, Study
 from t5lite.util import atomic
 
 RESULT_FILE = "result.json"
 
 
-def pretraining_cost(study: Study, arm: Arm, scale: Scale) -> tuple[float, int]:
+def pretraining_cost(arm: Arm, scale: Scale) -> tuple[float, int]:
   """(FLOPs per example of the arm's pretraining: both networks of a pair, the cost model of
   Family.flops_per_example; its batch size)."""
   import gin
@@ -45,7 +45,7 @@ def pretraining_plan(study: Study, scale: Scale) -> dict[str, dict]:
   plan = {}
   for arm in study.arms:
     if arm.pretraining:
-      flops, batch = pretraining_cost(study, arm, scale)
+      flops, batch = pretraining_cost(arm, scale)
       plan[arm.name] = {"flops_per_example": flops, "batch": batch}
   ref = plan[study.reference.name]
   budget = scale.pretrain_steps * ref["flops_per_example"] * ref["batch"]
@@ -113,22 +113,14 @@ def _teacher_bindings(arm: Arm, out: str, seed: int, folder: str, say) -> list[s
   return bindings
 
 
-def _curve(model_dir: str) -> list[list[float]]:
-  return [[r["step"], r["loss"]] for r in read_metrics(model_dir)
-          if "loss" in r and "step" in r]
-
-
-def _last_eval(model_dir: str) -> dict[str, float]:
-  """The run's last eval row: {'TASK/METRIC': value} (its pretraining task's loss, say)."""
-  rows = [r for r in read_metrics(model_dir) if any(k.startswith("eval/") for k in r)]
-  if not rows:
-    return {}
-  return {k[len("eval/"):]: v for k, v in rows[-1].items() if k.startswith("eval/")}
-
-
-def _last(model_dir: str, key: str) -> float | None:
-  values = [r[key] for r in read_metrics(model_dir) if r.get(key) is not None]
-  return values[-1] if values else None
+def _pretraining_figures(model_dir: str) -> dict:
+  """The run's training-loss curve [[step, loss], ...] and its last eval row
+  {'TASK/METRIC': value} (its pretraining task's loss, say), from one read of its metrics."""
+  records = read_metrics(model_dir)
+  evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+  return {"curve": [[r["step"], r["loss"]] for r in records if "loss" in r and "step" in r],
+          "pretrain_eval": ({k[len("eval/"):]: v for k, v in evals[-1].items()
+                             if k.startswith("eval/")} if evals else {})}
 
 
 def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: str,
@@ -136,14 +128,10 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
   """The figures of one arm at one seed (read back if already done)."""
   folder = os.path.join(out, arm.name, f"seed{seed}")
   result_path = os.path.join(folder, RESULT_FILE)
-  pretrain = os.path.join(folder, "pretrain")
   if os.path.exists(result_path):
     say(f"{arm.name} seed {seed}: done earlier ({result_path})")
     with open(result_path, encoding="utf-8") as f:
-      done = json.load(f)
-    if "pretrain_eval" not in done:  # recorded before the field existed
-      done["pretrain_eval"] = _last_eval(pretrain) if arm.pretraining else {}
-    return done
+      return json.load(f)
   os.makedirs(folder, exist_ok=True)
   seed_binding = f"RANDOM_SEED={seed}"
   result = {"arm": arm.name, "seed": seed, "pretrain_steps": 0, "pretrain_flops": 0.0,
@@ -151,6 +139,7 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
   start, start_step = "None", 0
   if arm.pretraining:
     steps = plan[arm.name]["steps"]
+    pretrain = os.path.join(folder, "pretrain")
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
            [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
@@ -158,7 +147,7 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
             seed_binding, *schedule(steps)],
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
-                  curve=_curve(pretrain), pretrain_eval=_last_eval(pretrain))
+                  **_pretraining_figures(pretrain))
     source = arm.pretraining.finetune_from
     if source.startswith("hf:"):
       start = os.path.join(_export("hf", pretrain, pretrain + "_hf", [], pretrain + ".log", say),
@@ -175,7 +164,7 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
             f"INITIAL_CHECKPOINT_PATH={start if start == 'None' else repr(start)}",
             "TrainConfig.run_eval_before_training=False",
             *schedule(scale.finetune_steps, start_step)], say)
-    value = _last(finetune, f"eval/{task.task}/{task.metric}")
+    value = last_value(finetune, f"eval/{task.task}/{task.metric}")
     if value is None:
       raise RuntimeError(f"{finetune} logged no eval/{task.task}/{task.metric}")
     result["downstream"][task.task] = value
