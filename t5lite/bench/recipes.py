@@ -126,7 +126,7 @@ def distilled_vs_scratch(out: str, steps: int, teacher_layers: int,
   for name, path in (("teacher", teacher), ("distilled", distilled), ("scratch", scratch)):
     # The distilled run's eval loss holds the distillation terms: its MLM part is the hard loss.
     mlm_loss = last_value(path, f"eval/{task}/distill_hard_loss" if name == "distilled"
-                     else f"eval/{task}/loss")
+                          else f"eval/{task}/loss")
     figures[name] = {"eval_mlm_loss": mlm_loss,
                      "eval_accuracy": last_value(path, f"eval/{task}/token_accuracy"),
                      "step_memory_bytes": _first_row(path).get("step_memory_bytes")}
