@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5lite.models import adapters
+from t5lite.models import adapters, attention_kernels
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import dense
 from t5lite.models.positions import apply_rope
@@ -163,19 +163,36 @@ class MultiHeadAttention(nn.Module):
     fold = query.shape[0] // key.shape[0] if self.cache == "cross" else 1
     if fold > 1:
       query, bias = fold_rows_into_queries(query, bias, fold)
+    if self._fused(query, key):
+      out = constrain(attention_kernels.fused_attention(query, key, value, bias))
+    else:
+      out = constrain(self._xla_attention(query, key, value, bias))  # (B, Q, H, K)
+    if fold > 1:
+      out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
+    return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
+                 "out")(out)  # (B, Q, D)
+
+  def _fused(self, query, key) -> bool:
+    """Whether cuDNN's fused kernel computes this call (attention_kernels says when)."""
+    cfg = self.config
+    if attention_kernels.resolve(cfg.attention_implementation, cfg.compute_dtype) != "cudnn":
+      return False
+    return attention_kernels.cudnn_refusal(
+        query, key, dropout=cfg.dropout_rate > 0 and not self.deterministic,
+        reads_scores=self.is_mutable_collection(INTERMEDIATES)) is None
+
+  def _xla_attention(self, query, key, value, bias):
+    """Two einsums around a float32 softmax, with dropout on the weights."""
+    cfg = self.config
+    h, kvh = cfg.num_heads, cfg.kv_heads
     if kvh != h:  # (B, K, kvh, D) -> (B, K, H, D): head j reads key/value head j // (H / kvh)
       key, value = (jnp.repeat(t, h // kvh, axis=2) for t in (key, value))
-
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
     # Distillation (TinyBERT) reads the pre-softmax scores; a no-op unless asked for.
     self.sow(INTERMEDIATES, "attention_scores", logits)
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
-    out = constrain(jnp.einsum("bhqk,bkhd->bqhd", weights, value))  # (B, Q, H, K)
-    if fold > 1:
-      out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
-                 "out")(out)  # (B, Q, D)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
   def _with_prefix(self, key, value, bias, axes):
     """Prefix tuning's n trained keys and values (n, kv heads, K) before key and value (B, S,

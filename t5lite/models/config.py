@@ -28,6 +28,8 @@ POSITION_ENCODINGS = ("relative_bias", "sinusoidal", "sinusoidal_interleaved", "
 NORM_POSITIONS = ("pre", "post")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
+# The kernel of attention's core (t5lite.models.attention_kernels).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 # Finetuning heads (t5lite.models.heads); '' is the pretraining head (LM / MLM [+ NSP/SOP]).
 HEADS = ("", "sequence_classification", "token_classification", "question_answering",
          "multiple_choice")
@@ -138,6 +140,10 @@ class ModelConfig:
   """Activation (compute) dtype; softmax, norms and losses run in float32 regardless."""
   param_dtype: str = "float32"
   """Storage dtype of parameters."""
+  attention_implementation: str = "auto"
+  """The kernel of softmax(q k + bias) v (t5lite.models.attention_kernels): 'xla' (einsums and
+  a float32 softmax, every backend), 'cudnn' (cuDNN's fused attention: a CUDA GPU, 16-bit
+  compute) or 'auto' (cuDNN where it runs, else XLA). The same function either way."""
   scan_layers: bool = False
   """Run each stack as nn.scan over stacked layer params, so compile time does not grow with depth."""
   remat_policy: str = "none"
@@ -190,6 +196,7 @@ class ModelConfig:
     for field, allowed in (("architecture", ARCHITECTURES), ("mlp_activation", ACTIVATIONS),
                            ("norm", NORMS), ("position_encoding", POSITION_ENCODINGS),
                            ("remat_policy", REMAT_POLICIES), ("dtype", DTYPES),
+                           ("attention_implementation", ATTENTION_IMPLEMENTATIONS),
                            ("param_dtype", DTYPES)):
       value = getattr(self, field)
       if value not in allowed:

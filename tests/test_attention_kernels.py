@@ -1,0 +1,205 @@
+"""Attention implementations (t5lite.models.attention_kernels): the choice, the fallbacks, and
+forward + gradients of the fused path against the XLA path for every attention pattern
+(relative bias, learned / rotary positions, grouped heads, causal, prefix LM, packed and
+padded rows, a row of padding only).
+
+On CPU the fused path's wiring (layout, grouped heads, the bias in the compute dtype, scale 1)
+runs through jax.nn.dot_product_attention's own XLA reference, since cuDNN needs a GPU: that
+is as far as a CPU goes. On a CUDA GPU (JAX_PLATFORMS=cuda) the same comparisons run cuDNN's
+kernel itself, in bfloat16."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny
+from t5lite.errors import ConfigError
+from t5lite.models import attention_kernels, init_params, make_model
+from t5lite.models.decoding import search as decoding
+
+ON_GPU = jax.default_backend() == "gpu"
+
+VARIANTS = {
+    "t5_relative_bias": tiny(),
+    "t5_v1_0": tiny(mlp_activation="relu", tie_output_embedding=True, scale_logits=True),
+    "prefix_lm": tiny(architecture="decoder_only", prefix_lm=True),
+    "llama_rope_gqa": tiny(architecture="decoder_only", family="llama", num_key_value_heads=2,
+                           position_encoding="rope", mlp_activation="swiglu",
+                           scale_attention=True),
+    "bert_learned": tiny(architecture="encoder_only", family="bert", norm="layer",
+                         norm_position="post", use_bias=True, scale_attention=True,
+                         mlp_activation="gelu_exact", position_encoding="learned",
+                         max_position_embeddings=64, type_vocab_size=2, embedding_norm=True),
+    "gpt2_learned": tiny(architecture="decoder_only", family="gpt2", norm="layer", use_bias=True,
+                         scale_attention=True, position_encoding="learned",
+                         max_position_embeddings=64, mlp_activation="gelu",
+                         tie_output_embedding=True),
+}
+
+
+# `make test-fast` compares a relative-bias encoder-decoder and a rotary, grouped-head decoder;
+# the other patterns run in `make test`.
+FAST = ("t5_relative_bias", "llama_rope_gqa")
+VARIANT_PARAMS = [name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
+                  for name in sorted(VARIANTS)]
+
+
+def packed_inputs(config, length=16, target_length=8, seed=0):
+  """Three rows: two packed segments then padding; one segment then padding; padding only."""
+  rng = np.random.RandomState(seed)
+
+  def rows(n):
+    cut = n // 2 - 1
+    segments = np.array([[1] * cut + [2] * (n - cut - 2) + [0, 0],
+                         [1] * (n - 3) + [0] * 3, [0] * n], np.int32)
+    positions = np.zeros_like(segments)
+    for row in range(3):
+      for seg in (1, 2):
+        where = segments[row] == seg
+        positions[row, where] = np.arange(where.sum())
+    tokens = np.where(segments > 0, rng.randint(3, config.vocab_size, segments.shape), 0)
+    return tokens.astype(np.int32), segments, positions
+
+  tokens, segments, positions = rows(length)
+  if config.architecture == "encoder_decoder":
+    targets, target_segments, target_positions = rows(target_length)
+    return {"encoder_input_tokens": tokens, "encoder_segment_ids": segments,
+            "encoder_positions": positions, "decoder_input_tokens": targets,
+            "decoder_segment_ids": target_segments, "decoder_positions": target_positions}
+  out = {"decoder_input_tokens": tokens, "decoder_segment_ids": segments,
+         "decoder_positions": positions}
+  if config.architecture == "encoder_only":
+    out = {k.replace("decoder", "encoder"): v for k, v in out.items()}
+    out["encoder_token_type_ids"] = (positions > 3).astype(np.int32)
+  if config.prefix_lm:
+    out["decoder_causal_attention"] = ((positions < 3) & (segments > 0)).astype(np.int32)
+  return out
+
+
+def output_and_gradients(config, params, inputs):
+  """The model's output and the gradients of a fixed random projection of it."""
+  model = make_model(config)
+
+  def loss(p):
+    out = model.apply({"params": p}, **inputs).astype(jnp.float32)
+    weights = jax.random.normal(jax.random.key(7), out.shape)
+    return jnp.sum(out * weights), out
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return np.asarray(out), jax.device_get(grads)
+
+
+def relative_difference(a, b, floor=0.0) -> float:
+  """||a - b|| / max(||b||, floor)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor, 1e-30))
+
+
+@pytest.fixture
+def fused_wiring_on_cpu(monkeypatch):
+  """On CPU: the fused branch taken, with jax's XLA reference of the fused call in cuDNN's
+  place; yields the list of (queries, keys) lengths each fused call saw."""
+  calls = []
+
+  def fused(query, key, value, bias, implementation="cudnn"):
+    calls.append((query.shape[1], key.shape[1]))
+    return unpatched(query, key, value, bias, implementation="xla")
+
+  unpatched = attention_kernels.fused_attention
+  monkeypatch.setattr(attention_kernels, "resolve", lambda choice, dtype: (
+      "xla" if choice == "xla" else "cudnn"))
+  monkeypatch.setattr(attention_kernels, "fused_attention", fused)
+  yield calls
+
+
+def _compare(name, dtype):
+  config = VARIANTS[name].replace(dtype=dtype)
+  params = init_params(config, 0)
+  inputs = packed_inputs(config)
+  fused_out, fused_grads = output_and_gradients(
+      config.replace(attention_implementation="auto"), params, inputs)
+  xla_out, xla_grads = output_and_gradients(
+      config.replace(attention_implementation="xla"), params, inputs)
+  assert np.isfinite(fused_out).all(), "the padding-only row must stay finite"
+  # Each gradient against its own norm, floored at 1e-3 of the largest: a gradient that is
+  # zero in exact arithmetic (a key projection's bias: softmax ignores what is added to every
+  # key) is rounding on both sides.
+  floor = 1e-3 * max(np.linalg.norm(np.asarray(x, np.float64))
+                     for x in jax.tree_util.tree_leaves(xla_grads))
+  grads = [(jax.tree_util.keystr(path), relative_difference(f, x, floor)) for (path, f), x in zip(
+      jax.tree_util.tree_leaves_with_path(fused_grads), jax.tree_util.tree_leaves(xla_grads))]
+  return relative_difference(fused_out, xla_out), grads
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in; on a GPU the cuDNN test runs instead")
+@pytest.mark.parametrize("name", VARIANT_PARAMS)
+def test_fused_path_equals_the_xla_path_forward_and_gradients(name, fused_wiring_on_cpu):
+  out_diff, grads = _compare(name, "float32")
+  assert fused_wiring_on_cpu, "the fused branch was never taken"
+  assert out_diff < 1e-5
+  for path, diff in grads:
+    assert diff < 1e-4, (path, diff)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN's kernel needs a CUDA GPU (JAX_PLATFORMS=cuda)")
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_cudnn_equals_xla_in_bfloat16_on_a_gpu(name):
+  out_diff, grads = _compare(name, "bfloat16")
+  # Both sides compute in bfloat16 (8 bits of mantissa): they differ by its rounding.
+  assert out_diff < 2e-2
+  for path, diff in grads:
+    assert diff < 5e-2, (path, diff)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in")
+@pytest.mark.parametrize("name", ["t5_relative_bias", "llama_rope_gqa"])
+def test_decoding_with_the_fused_path_gives_the_xla_paths_tokens(name, fused_wiring_on_cpu):
+  """Greedy decoding: the encoder or prefill is fused (6 tokens: an encoder's input, or BOS
+  and a prompt of 5 over 6 + 6 cache slots); the single-query steps fall back (odd length)."""
+  config = VARIANTS[name]
+  params = init_params(config, 1)
+  width = 6 if config.has_encoder else 5
+  prompts = np.random.RandomState(2).randint(3, 128, (2, width)).astype(np.int32)
+  prompts[1, 4:] = 0
+  decode = functools.partial(decoding.generate, params=params, encoder_input_tokens=prompts,
+                             max_decode_length=6)
+  fused = decode(config.replace(attention_implementation="auto"))
+  assert any(q == 6 for q, _ in fused_wiring_on_cpu), fused_wiring_on_cpu
+  assert all(q % 2 == 0 for q, _ in fused_wiring_on_cpu), "odd lengths must fall back"
+  np.testing.assert_array_equal(fused, decode(config.replace(attention_implementation="xla")))
+
+
+def test_auto_is_xla_off_gpus_and_cudnn_is_refused_there_with_the_fix():
+  if ON_GPU:
+    pytest.skip("off-GPU behaviour")
+  assert attention_kernels.resolve("auto", jnp.bfloat16) == "xla"
+  assert attention_kernels.resolve("xla", jnp.bfloat16) == "xla"
+  with pytest.raises(ConfigError, match="'cudnn' needs a CUDA GPU.*backend cpu.*'auto'"):
+    attention_kernels.resolve("cudnn", jnp.bfloat16)
+  with pytest.raises(ConfigError, match="attention_implementation='flash' is not one of"):
+    tiny(attention_implementation="flash")
+
+
+@pytest.mark.parametrize("query_length, key_length, head_dim, dropout, scores, why", [
+    (16, 16, 64, False, False, None),
+    (1, 32, 64, False, False, "odd lengths"),
+    (16, 19, 64, False, False, "odd lengths"),
+    (16, 16, 12, False, False, "head dim 12"),
+    (16, 16, 64, True, False, "dropout"),
+    (16, 16, 64, False, True, "scores"),
+])
+def test_cudnn_refusals_name_the_reason(query_length, key_length, head_dim, dropout, scores,
+                                        why):
+  query = jnp.zeros((2, query_length, 4, head_dim), jnp.bfloat16)
+  key = jnp.zeros((2, key_length, 2, head_dim), jnp.bfloat16)
+  refusal = attention_kernels.cudnn_refusal(query, key, dropout=dropout, reads_scores=scores)
+  assert refusal is None if why is None else why in refusal
+
+
+def test_float16_bias_keeps_padding_rows_finite(fused_wiring_on_cpu):
+  """The mask value -1e10 does not fit float16: the fused call clips it to -2**15."""
+  query = jnp.ones((1, 4, 2, 8), jnp.float16)
+  bias = jnp.full((1, 1, 4, 4), -1e10, jnp.float32)  # every key masked for every query
+  out = attention_kernels.fused_attention(query, query, query, bias)
+  assert np.isfinite(np.asarray(out, np.float32)).all()
