@@ -186,7 +186,7 @@ def _add_data_verbs(verbs) -> None:
                            "train step, decoding (vs HF), checkpoint checksums (vs orbax "
                            "alone); each ends with one JSON line of ratios")
   bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
-                                         "peft", "moe"))
+                                         "peft", "moe", "gpu"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
   plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
   plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
