@@ -13,7 +13,8 @@ from t5lite.bench import hf_t5_train, train as bench, train_batches
 
 KEYS = ("bench", "mode", "ratio_vs_hf", "t5lite_tokens_per_s", "hf_tokens_per_s", "t5lite_step_s",
         "hf_step_s", "t5lite_compile_s", "step_peak_rss_mb", "process_max_rss_mb", "step0_loss",
-        "config", "tokens_per_run", "mfu_t5lite", "load_avg_1m")
+        "config", "tokens_per_run", "mfu_t5lite", "load_avg_1m", "flops_per_s",
+        "matmul_flops_per_s", "fraction_of_matmul_peak")
 TINY_ARGS = ["--model", "tiny", "--batch_size", "2", "--inputs_length", "32",
              "--targets_length", "8", "--steps", "2", "--repeats", "1"]
 
@@ -28,6 +29,14 @@ def test_pretrain_main_prints_one_json_line_and_both_sides_agree(capsys):
   assert report["bench"] == "train" and report["mode"] == "pretrain"
   assert report["ratio_vs_hf"] > 0 and report["config"]["d_model"] == 32
   assert report["tokens_per_run"] == 2 * 2 * (32 + 8)
+  # The FLOP rates count the same model FLOPs per run on both sides, against the rate of the
+  # step's largest matmul (2 rows x 32 inputs, d_model 32, d_ff 64) on this machine.
+  assert report["matmul_shape"] == [64, 32, 64]
+  ratio_of_rates = report["flops_per_s"]["t5lite"] / report["flops_per_s"]["hf"]
+  assert ratio_of_rates == pytest.approx(report["t5lite_tokens_per_s"] / report["hf_tokens_per_s"],
+                                         rel=0.02)
+  assert report["fraction_of_matmul_peak"]["t5lite"] == pytest.approx(
+      report["flops_per_s"]["t5lite"] / report["matmul_flops_per_s"], rel=0.02)
   assert report["step0_loss_rel_diff"] < 1e-4
   # Same batch at both warm-up steps: after one AdamW update the losses still agree.
   np.testing.assert_allclose(report["warmup_losses"]["t5lite"], report["warmup_losses"]["hf"],

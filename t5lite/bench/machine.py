@@ -101,6 +101,31 @@ def wait_for_quiet(max_seconds: float, threshold: float = 0.1, window: float = 2
     log(f"bench: other processes use {100 * fraction:.0f}% of the CPUs; waiting for quiet")
 
 
+def matmul_flops_per_s(m: int, k: int, n: int, dtype: str = "float32",
+                       seconds: float = 2.0) -> float:
+  """FLOP/s of XLA's (m, k) @ (k, n) in `dtype` on the default device: the median of timed
+  calls over about `seconds`, after a warm-up, on random operands. A benchmark calls it with
+  its model's own largest matmul shape: the rate this machine reaches on the work the step is
+  made of, its practical peak. A CPU's datasheet peak assumes every core at its top vector
+  clock, which few reach for long, and its vendor and model alone do not give it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(0)
+  a = jax.device_put(jnp.asarray(rng.standard_normal((m, k), np.float32), dtype))
+  b = jax.device_put(jnp.asarray(rng.standard_normal((k, n), np.float32), dtype))
+  product = jax.jit(jnp.dot)
+  product(a, b).block_until_ready()
+  times: list[float] = []
+  deadline = time.perf_counter() + seconds
+  while len(times) < 5 or time.perf_counter() < deadline:
+    start = time.perf_counter()
+    product(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+  times.sort()
+  return 2.0 * m * k * n / times[len(times) // 2]
+
+
 def cpu_info() -> dict:
   """The CPU as /proc/cpuinfo tells it (first processor): vendor, model name, family and model
   numbers, and whether it has AVX-512 (avx512f) and AVX2. Empty where /proc is absent."""

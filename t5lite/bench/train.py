@@ -26,6 +26,10 @@ neutral: torch's OpenMP workers wait on each other at every op, so a stolen core
 several times more than XLA's work-stealing pool (ratios of 4-12x were seen on a busy
 2-core machine, 1.45x quiet). Quote only runs whose others_cpu_fraction is near 0; with
 --quiet_wait_s the bench waits, before each pair of runs, for the CPUs to be free.
+FLOP rate: each side's model FLOPs per second (the cost model's FLOPs of t5lite's batches, the
+same useful tokens on both sides), and its fraction of this machine's rate on the step's
+largest matmul shape (B * inputs_length x d_model @ d_model x d_ff, the config's dtype, timed
+after the runs): how far from the hardware each step is, without a datasheet peak.
 Memory, after timing: each side runs one more step while a thread samples the process RSS;
 the peak above the RSS before it is that side's step memory. On a GPU: the devices' peaks.
 
@@ -155,6 +159,12 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
   peak = cost_model.peak_flops(jax.devices()[0].device_kind)
   flops_per_step = family_of(config).flops_per_example(
       {k: v.shape[1] for k, v in t5lite_batches[0].items()}) * batch_size
+  # Both sides' FLOP rates count the model FLOPs of t5lite's batches (the same useful tokens
+  # on both sides), against the rate of the step's largest matmul shape on this machine.
+  flops_rate = {name: flops_per_step * steps_run["t5lite"] / _median(wall[name])
+                for name in sides}
+  matmul_shape = (batch_size * inputs_length, config.d_model, config.d_ff)
+  matmul_rate = machine.matmul_flops_per_s(*matmul_shape, dtype=config.dtype)
   mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
   report = {
       "bench": "train",
@@ -168,6 +178,11 @@ def run(*, mode: str = "pretrain", model: str = "bench", config=None, batch_size
       "first_two_steps_s": {k: round(v, 3) for k, v in first_step_s.items()},
       "mfu_t5lite": (round(cost_model.mfu(flops_per_step, _median(wall["t5lite"]) /
                                           steps_run["t5lite"], peak), 4) if peak else None),
+      "flops_per_step": flops_per_step,
+      "flops_per_s": {k: float(f"{v:.4g}") for k, v in flops_rate.items()},
+      "matmul_flops_per_s": float(f"{matmul_rate:.4g}"),
+      "matmul_shape": list(matmul_shape),
+      "fraction_of_matmul_peak": {k: round(v / matmul_rate, 3) for k, v in flops_rate.items()},
       "step_peak_rss_mb": {k: mb(v) for k, v in step_memory.items()},
       "t5lite_compiled_temp_mb": mb(t5lite.compiled_temp_bytes()),
       "device_peak_mb": {"t5lite": mb(t5lite.peak_device_bytes()),

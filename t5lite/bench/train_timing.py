@@ -142,6 +142,13 @@ def _table(report: dict, wall: dict, tokens: int) -> str:
                f"tokens; padding efficiency {report['padding_efficiency']}; cpu/wall "
                f"{report['cpu_per_wall']}; load {report['load_avg_1m']}, other processes used "
                f"{report['others_cpu_fraction']} (median, max) of the CPUs while timing")
+  if "matmul_shape" in report:  # T5's bench (not yet BERT's and GPT-2's)
+    m, k, n = report["matmul_shape"]
+    lines.append("FLOP rate: " + ", ".join(
+        f"{name} {rate / 1e9:.0f} GFLOP/s ({100 * report['fraction_of_matmul_peak'][name]:.0f}%)"
+        for name, rate in report["flops_per_s"].items())
+        + f" of this machine's {report['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s on the step's "
+        f"largest matmul ({m}x{k} @ {k}x{n}, {report['config']['dtype']})")
   if report["mfu_t5lite"] is not None:
     lines.append(f"t5lite MFU {100 * report['mfu_t5lite']:.1f}% on {report['device_kind']}")
   return "\n".join(lines)
