@@ -1,12 +1,14 @@
 """Attention implementations (t5lite.models.attention_kernels): the choice, the fallbacks, and
-forward + gradients of the fused path against the XLA path for every attention pattern
+forward + gradients of the fused paths against the XLA path for every attention pattern
 (relative bias, learned / rotary positions, grouped heads, causal, prefix LM, packed and
 padded rows, a row of padding only).
 
-On CPU the fused path's wiring (layout, grouped heads, the bias in the compute dtype, scale 1)
-runs through jax.nn.dot_product_attention's own XLA reference, since cuDNN needs a GPU: that
-is as far as a CPU goes. On a CUDA GPU (JAX_PLATFORMS=cuda) the same comparisons run cuDNN's
-kernel itself, in bfloat16."""
+cuDNN: on CPU the fused path's wiring (layout, grouped heads, the bias in the compute dtype,
+scale 1) runs through jax.nn.dot_product_attention's own XLA reference, since cuDNN needs a
+GPU; on a CUDA GPU (JAX_PLATFORMS=cuda) the same comparisons run cuDNN's kernel itself, in
+bfloat16. Pallas: the TPU kernel itself runs on CPU in Pallas's TPU interpreter (padding to
+its blocks, the bias and its gradient), and its shard_map under a mesh with jax's reference
+in its place."""
 import functools
 
 import jax
@@ -113,12 +115,28 @@ def fused_wiring_on_cpu(monkeypatch):
   yield calls
 
 
-def _compare(name, dtype):
+@pytest.fixture
+def pallas_interpreted_on_cpu(monkeypatch):
+  """On CPU: the Pallas kernel's branch taken, run by Pallas's TPU interpreter; yields the
+  list of (queries, keys) lengths each kernel call saw."""
+  from jax.experimental.pallas import tpu as pltpu
+  calls = []
+
+  def interpreted(query, key, value, bias):
+    calls.append((query.shape[1], key.shape[1]))
+    return attention_kernels.pallas_attention(query, key, value, bias)
+
+  monkeypatch.setattr(attention_kernels, "platform_attention", interpreted)
+  with pltpu.force_tpu_interpret_mode():  # the whole test: gradients are traced after the call
+    yield calls
+
+
+def _compare(name, dtype, implementation="auto"):
   config = VARIANTS[name].replace(dtype=dtype)
   params = init_params(config, 0)
   inputs = packed_inputs(config)
   fused_out, fused_grads = output_and_gradients(
-      config.replace(attention_implementation="auto"), params, inputs)
+      config.replace(attention_implementation=implementation), params, inputs)
   xla_out, xla_grads = output_and_gradients(
       config.replace(attention_implementation="xla"), params, inputs)
   assert np.isfinite(fused_out).all(), "the padding-only row must stay finite"
@@ -140,6 +158,83 @@ def test_fused_path_equals_the_xla_path_forward_and_gradients(name, fused_wiring
   assert out_diff < 1e-5
   for path, diff in grads:
     assert diff < 1e-4, (path, diff)
+
+
+# The kernel receives every pattern as one bias (the padding test below draws arbitrary
+# ones), so it runs here for a relative-bias encoder-decoder, a rotary grouped-head decoder and
+# a BERT with learned positions; the interpreter makes each 8-20 s on 2 cores.
+@pytest.mark.skipif(ON_GPU, reason="the TPU interpreter on CPU")
+@pytest.mark.parametrize("name", [*FAST, pytest.param("bert_learned", marks=pytest.mark.slow)])
+def test_pallas_kernel_equals_the_xla_path_forward_and_gradients(name,
+                                                                  pallas_interpreted_on_cpu):
+  out_diff, grads = _compare(name, "float32", implementation="pallas")
+  assert pallas_interpreted_on_cpu, "the kernel was never called"
+  assert out_diff < 1e-5
+  for path, diff in grads:
+    assert diff < 1e-4, (path, diff)
+
+
+def test_pallas_kernel_runs_per_shard_under_a_mesh(monkeypatch):
+  """8 devices as data 2 x tensor 4 (heads): the kernel sees one shard of batch and heads
+  (shard_map) and the model gives the one-device output. The kernel is jax's own reference
+  here (pallas's TPU interpreter blocks in callbacks across 8 CPU devices: the interpreted
+  kernel is checked on one device above)."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+  from t5lite.runtime import partitioning
+  shards = []
+
+  def reference(q, k, v, ab=None, *, sm_scale, block_sizes):
+    shards.append(q.shape)
+    return tpu_flash.mha_reference(q, k, v, ab, sm_scale=sm_scale)
+
+  monkeypatch.setattr(tpu_flash, "flash_attention", reference)
+  monkeypatch.setattr(attention_kernels, "platform_attention", attention_kernels.pallas_attention)
+  config = VARIANTS["t5_relative_bias"].replace(attention_implementation="pallas")
+  params = init_params(config, 0)
+  inputs = {k: np.concatenate([v, v[:1]]) for k, v in packed_inputs(config).items()}  # 4 rows
+  apply = lambda p, x: make_model(config).apply({"params": p}, **x)  # noqa: E731
+  alone = np.asarray(jax.jit(apply)(params, inputs))
+  assert shards[0] == (4, 4, 16, 8)  # all rows and heads; 16 queries, head dim 8
+  shards.clear()
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, tensor=4))
+  with partitioning.activate(mesh, partitioning.logical_axis_rules()):
+    sharded = jax.jit(apply)(params, inputs)
+  assert shards and all(shape[:2] == (2, 1) for shape in shards), shards  # rows / 2, heads / 4
+  np.testing.assert_allclose(np.asarray(sharded), alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("query_length, key_length, dropout, scores, why", [
+    (16, 16, False, False, None), (520, 1000, False, False, None),
+    (1, 16, False, False, "a single query"), (16, 16, True, False, "dropout"),
+    (16, 16, False, True, "scores")])
+def test_pallas_refusals_name_the_reason(query_length, key_length, dropout, scores, why):
+  query = jnp.zeros((2, query_length, 4, 64), jnp.bfloat16)
+  key = jnp.zeros((2, key_length, 4, 64), jnp.bfloat16)
+  refusal = attention_kernels.pallas_refusal(query, key, dropout=dropout, reads_scores=scores)
+  assert refusal is None if why is None else why in refusal
+
+
+@pytest.mark.skipif(ON_GPU, reason="the TPU interpreter on CPU")
+@pytest.mark.parametrize("shape", [(2, 128, 256, 2, 64), (3, 37, 53, 5, 64), (1, 200, 131, 2, 32)])
+def test_pallas_kernel_pads_any_lengths_to_its_blocks(shape, pallas_interpreted_on_cpu):
+  """Odd lengths on and off the kernel's 128-blocks, a bias with masked pairs and a row of
+  masked keys: output and the gradients of query, key, value and bias equal XLA's."""
+  batch, q_len, k_len, heads, dim = shape
+  keys = jax.random.split(jax.random.key(sum(shape)), 5)
+  query = jax.random.normal(keys[0], (batch, q_len, heads, dim))
+  key, value = (jax.random.normal(k, (batch, k_len, heads, dim)) for k in keys[1:3])
+  bias = jax.random.normal(keys[3], (batch, heads, q_len, k_len))
+  masked = jax.random.bernoulli(keys[4], 0.3, (batch, 1, q_len, k_len)).at[:, :, 0].set(True)
+  bias = jnp.where(masked, attention_kernels.MASK_VALUE, bias)
+  weights = jax.random.normal(jax.random.key(1), (batch, q_len, heads, dim))
+
+  def loss(fn):
+    return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2, 3)))
+  value_p, grads_p = loss(attention_kernels.pallas_attention)(query, key, value, bias)
+  value_x, grads_x = loss(attention_kernels.reference_attention)(query, key, value, bias)
+  assert abs(float(value_p) - float(value_x)) <= 1e-4 * abs(float(value_x))
+  for got, want in zip(grads_p, grads_x):
+    assert relative_difference(got, want) < 1e-4
 
 
 @pytest.mark.skipif(not ON_GPU, reason="cuDNN's kernel needs a CUDA GPU (JAX_PLATFORMS=cuda)")

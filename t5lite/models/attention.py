@@ -11,12 +11,11 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import adapters, attention_kernels
+from t5lite.models.attention_kernels import MASK_VALUE
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import dense
 from t5lite.models.positions import apply_rope
 
-# Large enough to zero a softmax weight, small enough to stay finite in float32 sums.
-MASK_VALUE = -1e10
 
 
 def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
@@ -163,8 +162,11 @@ class MultiHeadAttention(nn.Module):
     fold = query.shape[0] // key.shape[0] if self.cache == "cross" else 1
     if fold > 1:
       query, bias = fold_rows_into_queries(query, bias, fold)
-    if self._fused(query, key):
+    kernel = self._kernel(query, key)
+    if kernel == "cudnn":
       out = constrain(attention_kernels.fused_attention(query, key, value, bias))
+    elif kernel == "pallas":
+      out = constrain(attention_kernels.platform_attention(query, key, value, bias))
     else:
       out = constrain(self._xla_attention(query, key, value, bias))  # (B, Q, H, K)
     if fold > 1:
@@ -172,14 +174,17 @@ class MultiHeadAttention(nn.Module):
     return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
                  "out")(out)  # (B, Q, D)
 
-  def _fused(self, query, key) -> bool:
-    """Whether cuDNN's fused kernel computes this call (attention_kernels says when)."""
+  def _kernel(self, query, key) -> str:
+    """'cudnn', 'pallas' or 'xla': the kernel of this call (attention_kernels says when)."""
     cfg = self.config
-    if attention_kernels.resolve(cfg.attention_implementation, cfg.compute_dtype) != "cudnn":
-      return False
-    return attention_kernels.cudnn_refusal(
+    kernel = attention_kernels.resolve(cfg.attention_implementation, cfg.compute_dtype)
+    if kernel == "xla":
+      return kernel
+    refusal = {"cudnn": attention_kernels.cudnn_refusal,
+               "pallas": attention_kernels.pallas_refusal}[kernel](
         query, key, dropout=cfg.dropout_rate > 0 and not self.deterministic,
-        reads_scores=self.is_mutable_collection(INTERMEDIATES)) is None
+        reads_scores=self.is_mutable_collection(INTERMEDIATES))
+    return "xla" if refusal else kernel
 
   def _xla_attention(self, query, key, value, bias):
     """Two einsums around a float32 softmax, with dropout on the weights."""

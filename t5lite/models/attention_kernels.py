@@ -14,8 +14,17 @@ model by ModelConfig.attention_implementation:
            decoding step's single query, prefix tuning's extra keys), attention dropout while
            training (jax.nn.dot_product_attention has none), a head dim cuDNN does not take,
            and distillation reading the pre-softmax scores.
-  'auto'   'cudnn' where it can run (a CUDA GPU, 16-bit compute), else 'xla': CPU, TPU,
-           float32, and `t5lite compile` from a CPU host.
+  'pallas' Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu:
+           blocks of 128, the softmax accumulated in float32 on chip). The program takes
+           it where it runs on a TPU (jax.lax.platform_dependent: also a TPU program that
+           `t5lite compile` builds on a CPU host) and XLA's path elsewhere. The bias goes in
+           as one float32 (B, H, Q, K) array and its gradient comes back as one, so T5's
+           relative bias trains; lengths are padded to the kernel's blocks; under a mesh the
+           kernel runs per shard of batch and heads (shard_map), as the logical axis rules
+           place them. Refused per call like cuDNN: dropout, the scores read, and a single
+           query (a decoding step).
+  'auto'   'cudnn' where it can run (a CUDA GPU, 16-bit compute), else 'xla': CPU, float32,
+           and, until the Pallas kernel is measured on TPU hardware, TPU too.
 
 Numbers: the fused kernel rounds the bias to the compute dtype and accumulates its softmax in
 float32, as the XLA path does; outputs and gradients agree with XLA's to bfloat16 rounding
@@ -25,12 +34,18 @@ takes XLA's path.
 """
 from __future__ import annotations
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# The additive bias of a masked pair: large enough to zero a softmax weight, small enough to
+# stay finite in float32 sums.
+MASK_VALUE = -1e10
 
 
 def _cuda_capability() -> tuple[int, int] | None:
@@ -45,9 +60,10 @@ def _cuda_capability() -> tuple[int, int] | None:
 
 
 def resolve(choice: str, compute_dtype) -> str:
-  """'xla' or 'cudnn' for a model's attention_implementation on this process's backend."""
-  if choice == "xla":
-    return "xla"
+  """'xla', 'cudnn' or 'pallas' for a model's attention_implementation on this process's
+  backend ('pallas' chooses per platform inside the program: `platform_attention`)."""
+  if choice in ("xla", "pallas"):
+    return choice
   fused = _cuda_capability() is not None and jnp.dtype(compute_dtype) in FUSED_DTYPES
   if choice == "cudnn" and not fused:
     where = (f"backend {jax.default_backend()}" if _cuda_capability() is None
@@ -87,3 +103,79 @@ def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: ja
   bias = jnp.maximum(bias, floor).astype(dtype)
   return jax.nn.dot_product_attention(query, key.astype(dtype), value.astype(dtype), bias=bias,
                                       scale=1.0, implementation=implementation)
+
+
+PALLAS_BLOCK = 128  # the kernel's key blocks are multiples of this (its lane width)
+
+
+def pallas_refusal(query: jax.Array, key: jax.Array, *, dropout: bool,
+                   reads_scores: bool) -> str | None:
+  """Why the Pallas kernel does not take this call (None: it does)."""
+  del key  # any key length: padded to the kernel's blocks
+  if reads_scores:
+    return "the pre-softmax scores are read (distillation)"
+  if dropout:
+    return "attention dropout while training"
+  if query.shape[1] == 1:
+    return "a single query (a decoding step)"
+  return None
+
+
+def reference_attention(query, key, value, bias):
+  """XLA's path without dropout: softmax(query . key + bias) . value in float32, the output in
+  the query's dtype; key and value may have fewer (grouped) heads."""
+  heads = query.shape[2]
+  key, value = (jnp.repeat(t, heads // t.shape[2], axis=2) for t in (key, value))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
+  weights = jax.nn.softmax(logits, axis=-1).astype(query.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+def _padded(length: int, multiple: int) -> int:
+  return -(-length // multiple) * multiple
+
+
+def pallas_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                     bias: jax.Array) -> jax.Array:
+  """Pallas's TPU flash attention on t5lite's layout: query (B, Q, H, D), key and value
+  (B, K, kvH, D), bias (B|1, H|1, Q, K) added to unscaled logits -> (B, Q, H, D).
+
+  The kernel's key blocks are multiples of 128 and its query blocks of 8: keys are padded to
+  a multiple of 128 (their bias columns below any mask), queries to a multiple of 8 up to 128 and of
+  128 beyond (their rows cut off after), so any lengths run. Under an active mesh
+  (partitioning.activate) it runs per shard of batch and heads."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+  heads, length = query.shape[2], query.shape[1]
+  key, value = (jnp.repeat(t, heads // t.shape[2], axis=2) for t in (key, value))
+  q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))  # (B, H, L, D)
+  ab = jnp.broadcast_to(bias.astype(jnp.float32), q.shape[:3] + (k.shape[2],))
+  q_len = _padded(length, 8) if length <= PALLAS_BLOCK else _padded(length, PALLAS_BLOCK)
+  k_len = _padded(k.shape[2], PALLAS_BLOCK)
+  pad = lambda t, axis, to, value=0.0: jnp.pad(  # noqa: E731
+      t, [(0, to - t.shape[axis]) if i == axis else (0, 0) for i in range(t.ndim)],
+      constant_values=value)
+  q = pad(q, 2, q_len)
+  k, v = pad(k, 2, k_len), pad(v, 2, k_len)
+  # Padded keys below every real key's bias, masked ones too: a row whose keys are all
+  # masked (a padding row) still spreads its weight over its real keys, as XLA's softmax does.
+  ab = pad(pad(ab, 3, k_len, 2 * MASK_VALUE), 2, q_len)
+  bq, bk = min(q_len, PALLAS_BLOCK), PALLAS_BLOCK
+  blocks = tpu_flash.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
+                                block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk,
+                                block_q_dkv=bq, block_k_major_dq=bk, block_k_dq=bk,
+                                block_q_dq=bq)
+
+  def attend(q, k, v, ab):
+    return tpu_flash.flash_attention(q, k, v, ab=ab, sm_scale=1.0, block_sizes=blocks)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    spec = nn.logical_to_mesh_axes(("batch", "heads", None, None))  # lengths and dims whole
+    attend = jax.shard_map(attend, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)
+  return jnp.swapaxes(attend(q, k, v, ab), 1, 2)[:, :length]
+
+
+def platform_attention(query, key, value, bias):
+  """The Pallas kernel in a program that runs on a TPU, `reference_attention` elsewhere."""
+  return jax.lax.platform_dependent(query, key, value, bias, tpu=pallas_attention,
+                                    default=reference_attention)

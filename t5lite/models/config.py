@@ -29,7 +29,7 @@ NORM_POSITIONS = ("pre", "post")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 # The kernel of attention's core (t5lite.models.attention_kernels).
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
 # Finetuning heads (t5lite.models.heads); '' is the pretraining head (LM / MLM [+ NSP/SOP]).
 HEADS = ("", "sequence_classification", "token_classification", "question_answering",
          "multiple_choice")
@@ -143,7 +143,8 @@ class ModelConfig:
   attention_implementation: str = "auto"
   """The kernel of softmax(q k + bias) v (t5lite.models.attention_kernels): 'xla' (einsums and
   a float32 softmax, every backend), 'cudnn' (cuDNN's fused attention: a CUDA GPU, 16-bit
-  compute) or 'auto' (cuDNN where it runs, else XLA). The same function either way."""
+  compute), 'pallas' (Pallas's flash attention where the program runs on a TPU, XLA's
+  elsewhere) or 'auto' (cuDNN where it runs, else XLA). The same function either way."""
   scan_layers: bool = False
   """Run each stack as nn.scan over stacked layer params, so compile time does not grow with depth."""
   remat_policy: str = "none"

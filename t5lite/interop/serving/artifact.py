@@ -81,7 +81,9 @@ def serving_function(config: ModelConfig, method: str, *, max_decode_length: int
 
   # generate()'s own program, not a copy: the artifact's ids equal the live model's. It takes
   # the params as the checkpoint stores them (and the artifact ships them): scanned layer
-  # stacks are sliced inside it.
+  # stacks are sliced inside it. XLA's attention: one program for every platform it is
+  # exported for (cuDNN's kernel would tie it to the GPU it was exported on).
+  config = config.replace(attention_implementation="xla")
   run = decoding.generate_program(config, method, int(max_decode_length),
                                   tuple(sorted(settings.items())))
 
