@@ -79,6 +79,30 @@ def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_p
   assert os.path.getsize(paths["png"]) > 10_000
 
 
+def test_a_study_scored_by_pretraining_reads_minus_the_eval_loss():
+  """switch_vs_dense: no finetuning; each arm's score is minus its pretraining eval loss."""
+  study = spec.get("switch_vs_dense")
+  assert study.scored_by_pretraining and study.scale("tiny").downstream == ()
+  assert study.scale(spec.SMOKE).downstream == ()
+  losses = {"dense": [4.25, 4.5], "switch": [4.0, 4.125]}
+  results = {arm: [{"arm": arm, "seed": seed, "pretrain_steps": 400, "pretrain_flops": 6.4e12,
+                    "curve": [[400, 4.0]], "downstream": {},
+                    "pretrain_eval": {"stdlib_span_corruption/loss": loss,
+                                      "stdlib_span_corruption/accuracy": 0.3},
+                    "score": -loss}
+                   for seed, loss in enumerate(values)] for arm, values in losses.items()}
+  assert runner.pretraining_loss(results["switch"][1]) == 4.125
+  summary = report.summarize(study, results, "tiny")
+  assert summary["arms"]["switch"]["score_mean"] == pytest.approx(-4.0625)
+  assert summary["arms"]["dense"]["score_std"] == pytest.approx(np.std([4.25, 4.5], ddof=1))
+  (ordering,) = summary["orderings"]
+  assert ordering["held"] and ordering["gap"] == pytest.approx(4.375 - 4.0625)
+  text = report.markdown(study, summary)
+  assert "minus the pretraining eval loss" in text and "validation accuracy" not in text
+  assert "| Switch, 8 experts | 400 | 6.4e+12 | 4.062 | **-4.062 ± 0.088** | -1.553 |" in text
+  assert "score gap +0.312" in text
+
+
 @pytest.mark.parametrize("args, message", [
     (["nope"], "no study 'nope': choose one of bert_ablations, distillation"),
     (["electra_vs_mlm", "--scale", "huge"],
@@ -146,4 +170,22 @@ def test_a_smoke_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path):
   assert (out / "electra" / "seed0" / "result.json").stat().st_mtime_ns == kept
   assert "nothing to do" in (out / "mlm" / "seed0" / "pretrain.log").read_text()
   assert json.loads(again.stdout.strip().splitlines()[-1])["arms"] == line["arms"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_smoke_study_scored_by_pretraining_runs_no_finetuning(tmp_path):
+  """switch_vs_dense at smoke scale: two encoder-decoder pretrainings, a Switch one among them;
+  each arm's score is minus its eval loss, and no finetuning run is made."""
+  out = tmp_path / "study"
+  done = run_t5lite("study", "switch_vs_dense", "--scale", "smoke", "--out", out, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  line = json.loads(done.stdout.strip().splitlines()[-1])
+  for arm in ("dense", "switch"):
+    figures = json.loads((out / arm / "seed0" / "result.json").read_text())
+    loss = figures["pretrain_eval"]["stdlib_span_corruption/loss"]
+    assert figures["downstream"] == {} and figures["score"] == -loss
+    assert line["arms"][arm]["score_mean"] == -loss
+    assert sorted(os.listdir(out / arm / "seed0")) == ["pretrain", "pretrain.log", "result.json"]
+  assert "--gin.MoeConfig.num_experts=8" in done.stdout  # each run's command, printed first
 

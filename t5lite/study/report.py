@@ -9,23 +9,13 @@ import json
 import os
 import statistics
 
+from t5lite.study.runner import pretraining_loss
 from t5lite.study.spec import Study
 from t5lite.util import atomic
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
   return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def _pretraining_loss(run: dict) -> float | None:
-  """The pretraining task's eval loss (comparable between arms of one objective only); a
-  distilled run's MLM part (its hard loss), not its whole distillation loss."""
-  figures = run.get("pretrain_eval", {})
-  for suffix in ("/distill_hard_loss", "/loss"):
-    found = [v for k, v in figures.items() if k.endswith(suffix)]
-    if found:
-      return found[0]
-  return None
 
 
 def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
@@ -35,7 +25,7 @@ def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
     runs = results[arm.name]
     tasks = list(runs[0]["downstream"])
     score_mean, score_std = _mean_std([r["score"] for r in runs])
-    losses = [loss for loss in map(_pretraining_loss, runs) if loss is not None]
+    losses = [loss for loss in map(pretraining_loss, runs) if loss is not None]
     arms[arm.name] = {
         "label": arm.label, "seeds": len(runs), "published": arm.published,
         "pretrain_eval_loss": statistics.fmean(losses) if losses else None,
@@ -55,28 +45,36 @@ def summarize(study: Study, results: dict[str, list[dict]], scale: str) -> dict:
           "published_metric": study.published_metric, "arms": arms, "orderings": orderings}
 
 
+def _row(cells: list[str]) -> str:
+  return "| " + " | ".join(cells) + " |"
+
+
 def markdown(study: Study, summary: dict) -> str:
   arms = summary["arms"]
   tasks = list(next(iter(arms.values()))["downstream"])
+  scoring = ("score = minus the pretraining eval loss (the negative log perplexity of the "
+             "targets, higher is better), mean ± std over seeds; no finetuning"
+             if study.scored_by_pretraining else
+             "figures are validation accuracy (%) after finetuning (mean ± std over seeds); "
+             "score = their average. The pretraining eval loss is each arm's own objective's "
+             "(comparable between arms of one objective)")
   lines = [f"## `t5lite study {study.name}`: {study.title}", "",
            f"Scale `{summary['scale']}`, {next(iter(arms.values()))['seeds']} seed(s); "
-           f"figures are validation accuracy (%) after finetuning (mean ± std over seeds); "
-           f"score = their average. The pretraining eval loss is each arm's own objective's "
-           f"(comparable between arms of one objective). Published: {study.paper}, "
-           f"{study.published_metric}.", "",
-           "| arm | pretraining steps | pretraining FLOPs | pretraining eval loss | "
-           + " | ".join(f"`{t}`" for t in tasks) + " | score | published |",
-           "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in tasks) + " | ---: | ---: |"]
+           f"{scoring}. Published: {study.paper}, {study.published_metric}.", "",
+           _row(["arm", "pretraining steps", "pretraining FLOPs", "pretraining eval loss",
+                 *(f"`{t}`" for t in tasks), "score", "published"]),
+           _row(["---"] + ["---:"] * (len(tasks) + 5))]
   for name, a in arms.items():
     # One seed has no spread to show.
-    figure = ((lambda mean, std: f"{mean:.1f} ± {std:.1f}") if a["seeds"] > 1
-              else (lambda mean, std: f"{mean:.1f}"))
+    digits = 3 if study.scored_by_pretraining else 1  # log perplexities vs percentages
+    figure = ((lambda mean, std: f"{mean:.{digits}f} ± {std:.{digits}f}") if a["seeds"] > 1
+              else (lambda mean, std: f"{mean:.{digits}f}"))
     cells = [figure(a["downstream"][t]["mean"], a["downstream"][t]["std"]) for t in tasks]
     published = "—" if a["published"] is None else f"{a['published']:g}"
     loss = "—" if a["pretrain_eval_loss"] is None else f"{a['pretrain_eval_loss']:.3f}"
-    lines.append(f"| {a['label']} | {a['pretrain_steps']:,} | {a['pretrain_flops']:.3g} | {loss} | "
-                 + " | ".join(cells) + f" | **{figure(a['score_mean'], a['score_std'])}** "
-                 f"| {published} |")
+    lines.append(_row([a["label"], f"{a['pretrain_steps']:,}", f"{a['pretrain_flops']:.3g}",
+                       loss, *cells, f"**{figure(a['score_mean'], a['score_std'])}**",
+                       published]))
   lines.append("")
   for o in summary["orderings"]:
     verdict = "held" if o["held"] else "did not hold"
@@ -84,7 +82,7 @@ def markdown(study: Study, summary: dict) -> str:
               False: "within the seeds' spread"}[o["beyond_spread"]]
     lines.append(f"- Published ordering {arms[o['better']]['label']} > "
                  f"{arms[o['worse']]['label']}: **{verdict}** here (score gap "
-                 f"{o['gap']:+.1f}, {spread}).")
+                 f"{o['gap']:+.{3 if study.scored_by_pretraining else 1}f}, {spread}).")
   if study.note:
     lines += ["", study.note]
   return "\n".join(lines) + "\n"
@@ -110,7 +108,8 @@ def plot(study: Study, results: dict[str, list[dict]], summary: dict, path: str)
   arms = summary["arms"]
   scores.bar([a["label"] for a in arms.values()], [a["score_mean"] for a in arms.values()],
              yerr=[a["score_std"] for a in arms.values()], capsize=4)
-  scores.set_ylabel("finetuned score (%)")
+  scores.set_ylabel("minus pretraining eval loss" if study.scored_by_pretraining
+                    else "finetuned score (%)")
   scores.set_title(study.title)
   scores.tick_params(axis="x", labelrotation=20, labelsize=8)
   fig.tight_layout()

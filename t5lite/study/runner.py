@@ -36,7 +36,7 @@ def pretraining_cost(arm: Arm, scale: Scale) -> tuple[float, int]:
   lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
   batch = gin.query_parameter("BATCH_SIZE/macro.value")
   family = family_of(gin_config.model_config())
-  return family.flops_per_example({"encoder_input_tokens": lengths["inputs"]}), batch
+  return family.flops_per_example(family.converter().model_feature_lengths(lengths)), batch
 
 
 def pretraining_plan(study: Study, scale: Scale) -> dict[str, dict]:
@@ -123,6 +123,17 @@ def _pretraining_figures(model_dir: str) -> dict:
                              if k.startswith("eval/")} if evals else {})}
 
 
+def pretraining_loss(result: dict) -> float | None:
+  """The pretraining task's eval loss in a result (comparable between arms of one objective
+  only); a distilled run's MLM part (its hard loss), not its whole distillation loss."""
+  figures = result.get("pretrain_eval", {})
+  for suffix in ("/distill_hard_loss", "/loss"):
+    found = [v for k, v in figures.items() if k.endswith(suffix)]
+    if found:
+      return found[0]
+  return None
+
+
 def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: str,
             say=print) -> dict:
   """The figures of one arm at one seed (read back if already done)."""
@@ -154,6 +165,13 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
                            source[3:])
     else:
       start, start_step = pretrain, steps
+  if study.scored_by_pretraining:
+    loss = pretraining_loss(result)
+    if loss is None:
+      raise RuntimeError(f"{folder}/pretrain logged no eval loss to score the arm by")
+    result["score"] = -loss
+    atomic.write_file(result_path, json.dumps(result, indent=1))
+    return result
   for task in scale.downstream:
     finetune = os.path.join(folder, f"finetune_{task.task}")
     say(f"{arm.name} seed {seed}: finetuning on {task.task}")

@@ -93,6 +93,10 @@ class Study:
   networks of a pair); else for the same steps."""
   finetune_bindings: tuple[str, ...] = ()
   """Bindings of every finetuning run (e.g. a pair's model file read as one encoder)."""
+  scored_by_pretraining: bool = False
+  """Score each arm by its pretraining quality, minus its eval loss (the negative log
+  perplexity of the targets, higher is better; Switch's Table 1), with no finetuning: for arms
+  that share one pretraining objective and task."""
   note: str = ""
   """What to know when reading the table (written under it)."""
 
@@ -104,6 +108,8 @@ class Study:
           arm.pretraining.teacher in names[:i]), arm.name
     for pair in self.orderings:
       assert set(pair) <= set(names), pair
+    assert not self.scored_by_pretraining or all(arm.pretraining for arm in self.arms), (
+        "every arm of a study scored by pretraining pretrains")
 
   def arm(self, name: str) -> Arm:
     return next(arm for arm in self.arms if arm.name == name)
@@ -117,8 +123,9 @@ class Study:
     """One of self.scales, or 'smoke': tiny's models for a few steps, one downstream task
     (seconds a run: a check of the plumbing, not a result)."""
     if name == SMOKE and SMOKE not in self.scales:
-      return dataclasses.replace(self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
-                                 downstream=DOWNSTREAM[:1])
+      return dataclasses.replace(
+          self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
+          downstream=() if self.scored_by_pretraining else DOWNSTREAM[:1])
     if name not in self.scales:
       raise ConfigError(f"study {self.name!r} has no scale {name!r}: choose one of "
                         f"{', '.join([*self.scales, SMOKE])}")
