@@ -101,6 +101,10 @@ def fused_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: ja
   # cuDNN's own masks use -2**15 there. bfloat16 holds it.
   floor = -2.0 ** 15 if dtype == jnp.float16 else float(jnp.finfo(jnp.float32).min) / 2
   bias = jnp.maximum(bias, floor).astype(dtype)
+  if bias.shape[1] == 1 and query.shape[2] > 1:
+    # A bias shared over the batch was seen to run on an H100/H200; one shared over heads (a
+    # mask without a position bias) was not, so it goes in per head.
+    bias = jnp.broadcast_to(bias, (bias.shape[0], query.shape[2]) + bias.shape[2:])
   return jax.nn.dot_product_attention(query, key.astype(dtype), value.astype(dtype), bias=bias,
                                       scale=1.0, implementation=implementation)
 
