@@ -128,12 +128,13 @@ def test_estimated_mfu_is_model_flops_over_xla_time(v5e_report):
 
 
 def test_the_pallas_attention_kernel_compiles_for_tpu_per_shard(tmp_path):
-  """attention_implementation='pallas' lowered and compiled by libtpu for v5e:2x2 as data 2 x
-  tensor 2: Mosaic takes the kernel's blocks (keys padded to 128), each shard of batch and
-  heads runs it (shard_map), and the program fits like XLA's."""
+  """attention_implementation='pallas' in bfloat16 lowered and compiled by libtpu for v5e:2x2
+  as data 2 x tensor 2: Mosaic takes the kernel's blocks (keys padded to 128), each shard of
+  batch and heads runs it (shard_map), and the program fits."""
   config = _config(mesh=part.MeshConfig(data=2, fsdp=1, tensor=2))
-  report = aot_compile.compile_for_tpu(MODEL.replace(attention_implementation="pallas"), config,
-                                       "v5e:2x2", emit_hlo=str(tmp_path), fit_only=True)
+  model = MODEL.replace(attention_implementation="pallas", dtype="bfloat16")
+  report = aot_compile.compile_for_tpu(model, config, "v5e:2x2", emit_hlo=str(tmp_path),
+                                       fit_only=True)
   assert report["fits"] is True
   hlo = (tmp_path / "train_step.v5e_2x2.hlo.txt").read_text()
   # A forward, a dq and a dk/dv kernel for each of the 6 attentions (2 encoder, 2 decoder

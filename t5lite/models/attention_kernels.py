@@ -26,15 +26,13 @@ model by ModelConfig.attention_implementation:
   'auto'   'cudnn' where it can run (a CUDA GPU, 16-bit compute), else 'xla': CPU, float32,
            and, until the Pallas kernel is measured on TPU hardware, TPU too.
 
-Numbers: the fused kernel rounds the bias to the compute dtype and accumulates its softmax in
-float32, as the XLA path does; outputs and gradients agree with XLA's to bfloat16 rounding
-(docs/models.md, "Attention implementations"). jax.nn.dot_product_attention does the fused
+Numbers: both kernels accumulate the softmax in float32, as the XLA path does; cuDNN rounds
+the bias to the compute dtype (Pallas keeps it in float32), so its outputs and gradients agree
+with XLA's to bfloat16's rounding (docs/models.md, "Attention implementations"). jax.nn.dot_product_attention does the fused
 call; this module only decides when, because jax's own default (implementation=None) always
 takes XLA's path.
 """
 from __future__ import annotations
-
-import functools
 
 import flax.linen as nn
 import jax
@@ -145,8 +143,8 @@ def pallas_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   (B, K, kvH, D), bias (B|1, H|1, Q, K) added to unscaled logits -> (B, Q, H, D).
 
   The kernel's key blocks are multiples of 128 and its query blocks of 8: keys are padded to
-  a multiple of 128 (their bias columns below any mask), queries to a multiple of 8 up to 128 and of
-  128 beyond (their rows cut off after), so any lengths run. Under an active mesh
+  a multiple of 128 (their bias columns below any mask), queries to a multiple of 8 up to 128
+  and of 128 beyond (their rows cut off after), so any lengths run. Under an active mesh
   (partitioning.activate) it runs per shard of batch and heads."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
   heads, length = query.shape[2], query.shape[1]
