@@ -17,7 +17,6 @@ from t5lite.models.layers import dense
 from t5lite.models.positions import apply_rope
 
 
-
 def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
   """Same-segment, non-padding pairs. (B, Q), (B, K) -> (B, Q, K) bool.
 
