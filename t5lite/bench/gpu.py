@@ -68,15 +68,11 @@ def arms(dry_run: bool) -> dict[str, str]:
   import jax.numpy as jnp
   fused = attention_kernels.resolve("auto", jnp.bfloat16)
   if fused != "cudnn" and not dry_run:
-    raise machine_error()
+    from t5lite.errors import ConfigError
+    import jax
+    raise ConfigError(f"t5lite bench gpu needs a CUDA GPU (this backend: "
+                      f"{jax.default_backend()}); on this machine run it with --dry_run")
   return {"cudnn" if fused == "cudnn" else "fused(xla here)": fused, "xla": "xla"}
-
-
-def machine_error():
-  from t5lite.errors import ConfigError
-  import jax
-  return ConfigError(f"t5lite bench gpu needs a CUDA GPU (this backend: "
-                     f"{jax.default_backend()}); on this machine run it with --dry_run")
 
 
 def base_config(sizes: Sizes, implementation: str):
@@ -84,17 +80,21 @@ def base_config(sizes: Sizes, implementation: str):
   return model_config(sizes.model, "bfloat16").replace(attention_implementation=implementation)
 
 
-def train_phase(sizes: Sizes, arm_names: dict[str, str], log) -> dict:
+def _timed_training(sizes: Sizes, config, batch_size: int, repeats: int, hf: bool,
+                    log) -> dict:
+  """`t5lite bench train` of config at batch_size: TRAIN_FIELDS of its report."""
   from t5lite.bench import train
-  out = {}
-  for index, (arm, implementation) in enumerate(arm_names.items()):
-    report = train.run(model=sizes.model, config=base_config(sizes, implementation),
-                       dtype="bfloat16", batch_size=sizes.batch_size,
-                       inputs_length=sizes.lengths[0], targets_length=sizes.lengths[1],
-                       steps=sizes.steps, repeats=sizes.repeats, hf=index == 0, log=log)
-    out[arm] = {k: report[k] for k in TRAIN_FIELDS}
-    _release_device_memory()
-  return out
+  report = train.run(model=sizes.model, config=config, dtype="bfloat16", batch_size=batch_size,
+                     inputs_length=sizes.lengths[0], targets_length=sizes.lengths[1],
+                     steps=sizes.steps, repeats=repeats, hf=hf, log=log)
+  _release_device_memory()
+  return {k: report[k] for k in TRAIN_FIELDS}
+
+
+def train_phase(sizes: Sizes, arm_names: dict[str, str], log) -> dict:
+  return {arm: _timed_training(sizes, base_config(sizes, implementation), sizes.batch_size,
+                               sizes.repeats, hf=index == 0, log=log)
+          for index, (arm, implementation) in enumerate(arm_names.items())}
 
 
 def largest_batch(peak_bytes: float, batch: int, param_count: int, limit_bytes: float,
@@ -109,7 +109,6 @@ def largest_batch(peak_bytes: float, batch: int, param_count: int, limit_bytes: 
 
 def largest_phase(sizes: Sizes, arm: str, implementation: str, train: dict, log) -> dict:
   import jax
-  from t5lite.bench import train as train_bench
   from t5lite.models import count_params, init_params
   config = base_config(sizes, implementation)
   stats = jax.devices()[0].memory_stats() or {}
@@ -119,25 +118,20 @@ def largest_phase(sizes: Sizes, arm: str, implementation: str, train: dict, log)
   batch = largest_batch(peak, sizes.batch_size, params, limit, sizes.largest_cap)
   log(f"largest: {arm} at batch {batch} (device peak {peak / 2**30:.1f} GiB at batch "
       f"{sizes.batch_size}; limit {limit / 2**30:.1f} GiB)")
-  report = train_bench.run(model=sizes.model, config=config, dtype="bfloat16", batch_size=batch,
-                           inputs_length=sizes.lengths[0], targets_length=sizes.lengths[1],
-                           steps=sizes.steps, repeats=max(1, sizes.repeats - 2), hf=False,
-                           log=log)
-  _release_device_memory()
-  return {"arm": arm, **{k: report[k] for k in TRAIN_FIELDS if report[k] is not None}}
+  report = _timed_training(sizes, config, batch, max(1, sizes.repeats - 2), hf=False, log=log)
+  return {"arm": arm, **{k: v for k, v in report.items() if v is not None}}
 
 
 def decode_phase(sizes: Sizes, arm: str, implementation: str, log) -> dict:
   import jax
   import numpy as np
   import t5lite
+  from t5lite.bench.decode import make_inputs, output_tokens
   from t5lite.bench.hf_t5_train import model_from_t5lite
   from t5lite.models import init_params
   config = base_config(sizes, implementation)
   params = jax.device_put(init_params(config, 0))
-  rng = np.random.default_rng(0)
-  inputs = rng.integers(2, config.vocab_size, (sizes.decode_rows, sizes.lengths[0]),
-                        dtype=np.int32)
+  inputs = make_inputs(sizes.decode_rows, sizes.lengths[0], config.vocab_size)
   on_gpu = jax.default_backend() == "gpu"
   hf_model = model_from_t5lite(config, jax.device_get(params), "cuda" if on_gpu else "cpu")
   import torch
@@ -165,7 +159,7 @@ def decode_phase(sizes: Sizes, arm: str, implementation: str, log) -> dict:
       start = time.perf_counter()
       tokens = side()
       walls.append(time.perf_counter() - start)
-    produced = int(_tokens_up_to_eos(tokens))
+    produced = output_tokens(tokens)
     out[name] = {"tokens_per_s": round(produced / statistics.median(walls), 1),
                  "first_call_s": round(first, 2), "output_tokens": produced,
                  "wall_s": [round(w, 3) for w in walls]}
@@ -176,15 +170,6 @@ def decode_phase(sizes: Sizes, arm: str, implementation: str, log) -> dict:
   del hf_model
   _release_device_memory()
   return out
-
-
-def _tokens_up_to_eos(tokens) -> int:
-  """Output tokens up to and including each row's first EOS (1), or the whole row."""
-  import numpy as np
-  tokens = np.asarray(tokens)
-  eos = tokens == 1
-  ends = np.where(eos.any(1), eos.argmax(1) + 1, tokens.shape[1])
-  return int(ends.sum())
 
 
 def parity_phase(sizes: Sizes, implementation: str, log) -> dict:

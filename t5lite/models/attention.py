@@ -188,15 +188,12 @@ class MultiHeadAttention(nn.Module):
   def _xla_attention(self, query, key, value, bias):
     """Two einsums around a float32 softmax, with dropout on the weights."""
     cfg = self.config
-    h, kvh = cfg.num_heads, cfg.kv_heads
-    if kvh != h:  # (B, K, kvh, D) -> (B, K, H, D): head j reads key/value head j // (H / kvh)
-      key, value = (jnp.repeat(t, h // kvh, axis=2) for t in (key, value))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
+    logits = attention_kernels.attention_logits(query, key, bias)  # (B, H, Q, K)
     # Distillation (TinyBERT) reads the pre-softmax scores; a no-op unless asked for.
     self.sow(INTERMEDIATES, "attention_scores", logits)
-    weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)  # (B, H, Q, K)
+    weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    return attention_kernels.weighted_values(weights, value)
 
   def _with_prefix(self, key, value, bias, axes):
     """Prefix tuning's n trained keys and values (n, kv heads, K) before key and value (B, S,

@@ -123,14 +123,29 @@ def pallas_refusal(query: jax.Array, key: jax.Array, *, dropout: bool,
   return None
 
 
+def every_head(states: jax.Array, heads: int) -> jax.Array:
+  """Grouped keys or values (B, K, kvH, D) -> (B, K, heads, D): head j reads group j // (heads
+  / kvH), HF's repeat_kv order. Unchanged when they have every head already."""
+  groups = states.shape[2]
+  return states if groups == heads else jnp.repeat(states, heads // groups, axis=2)
+
+
+def attention_logits(query: jax.Array, key: jax.Array, bias: jax.Array) -> jax.Array:
+  """query (B, Q, H, D) . key (B, K, kvH, D) + bias -> (B, H, Q, K) float32 logits."""
+  key = every_head(key, query.shape[2])
+  return jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
+
+
+def weighted_values(weights: jax.Array, value: jax.Array) -> jax.Array:
+  """weights (B, H, Q, K) . value (B, K, kvH, D) -> (B, Q, H, D)."""
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, every_head(value, weights.shape[1]))
+
+
 def reference_attention(query, key, value, bias):
   """XLA's path without dropout: softmax(query . key + bias) . value in float32, the output in
   the query's dtype; key and value may have fewer (grouped) heads."""
-  heads = query.shape[2]
-  key, value = (jnp.repeat(t, heads // t.shape[2], axis=2) for t in (key, value))
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32) + bias
-  weights = jax.nn.softmax(logits, axis=-1).astype(query.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+  weights = jax.nn.softmax(attention_logits(query, key, bias), axis=-1).astype(query.dtype)
+  return weighted_values(weights, value)
 
 
 def _padded(length: int, multiple: int) -> int:
@@ -148,7 +163,7 @@ def pallas_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   (partitioning.activate) it runs per shard of batch and heads."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
   heads, length = query.shape[2], query.shape[1]
-  key, value = (jnp.repeat(t, heads // t.shape[2], axis=2) for t in (key, value))
+  key, value = every_head(key, heads), every_head(value, heads)
   q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))  # (B, H, L, D)
   ab = jnp.broadcast_to(bias.astype(jnp.float32), q.shape[:3] + (k.shape[2],))
   q_len = _padded(length, 8) if length <= PALLAS_BLOCK else _padded(length, PALLAS_BLOCK)
