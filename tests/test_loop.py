@@ -2,6 +2,7 @@
 rows (the step's loss, the window's loss_mean, compile_s once), actions own their schedule."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -72,3 +73,32 @@ def test_an_added_action_runs_on_its_own_schedule(tmp_path, monkeypatch):
   train(MODEL, config, log=quiet)
   assert counting.steps == [3, 6, 9]
   assert len(reads) == 2  # the logs at 5 and 10; the counting action read nothing
+
+
+def test_a_profile_traces_the_chosen_steps_and_only_those(tmp_path):
+  """profile_after_steps=2, profile_steps=3 of a 6-step run: MODEL_DIR/profile holds one
+  XProf trace (an .xplane.pb) in which the compiled step ran exactly three times."""
+  logs = []
+  config = train_config(tmp_path, train_steps=6, log_period=3, profile_steps=3,
+                        profile_after_steps=2,
+                        checkpoint=CheckpointConfig(period=100, async_save=False))
+  train(MODEL, config, log=logs.append)
+  assert f"t5lite: profiled steps 3-5 into {tmp_path / 'profile'}" in logs
+  traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1
+  profile = jax.profiler.ProfileData.from_file(str(traces[0]))
+  executions = [event.name for plane in profile.planes for line in plane.lines
+                for event in line.events
+                if event.name.startswith("CommonPjRtLoadedExecutable::Execute")
+                and "train_step" in event.name]
+  assert len(executions) == 3, executions
+
+
+def test_a_profile_longer_than_the_run_stops_at_the_last_step(tmp_path):
+  logs = []
+  config = train_config(tmp_path, train_steps=3, log_period=3, profile_steps=10,
+                        profile_after_steps=0,
+                        checkpoint=CheckpointConfig(period=100, async_save=False))
+  train(MODEL, config, log=logs.append)
+  assert f"t5lite: profiled steps 1-3 into {tmp_path / 'profile'}" in logs
+  assert list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))

@@ -188,8 +188,9 @@ def _add_data_verbs(verbs) -> None:
   bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
                                          "peft", "moe", "gpu"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
-  plot = verbs.add_parser("plot", help="write a PNG of the loss curves in MODEL_DIR/metrics.jsonl")
-  plot.add_argument("args", nargs=argparse.REMAINDER, help="MODEL_DIR [--out PNG]")
+  plot = verbs.add_parser("plot", help="one PNG of the loss and eval curves of one or more runs")
+  plot.add_argument("args", nargs=argparse.REMAINDER,
+                    help="RUN [RUN ...] [--x step|tokens] [--smooth W] [--out PNG] [--csv CSV]")
   cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
                            "array_record shards (training reads them with USE_CACHED_TASKS)")
   cache.add_argument("name")

@@ -29,6 +29,7 @@ from t5lite.models.moe.config import MoeConfig
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
 from t5lite.models.config import MOVED_FIELDS, ModelConfig
 from t5lite.runtime.checkpoints import CheckpointConfig
+from t5lite.runtime.wandb_sink import WandbConfig
 from t5lite.runtime.partitioning import MeshConfig
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
@@ -53,7 +54,7 @@ GIN_DIR = _gin_dir()
 CONFIGURABLES = (ModelConfig, TrainConfig, OptimizerConfig, ScheduleConfig, StepConfig,
                  MeshConfig, CheckpointConfig, DecodeConfig, EvalConfig, InferConfig,
                  DistillationConfig, PeftConfig, AdapterConfig, MoeConfig, ElectraConfig,
-                 SpanBoundaryConfig)
+                 SpanBoundaryConfig, WandbConfig)
 for _cls in CONFIGURABLES:
   gin.external_configurable(_cls, name=_cls.__name__, module="t5lite")
 

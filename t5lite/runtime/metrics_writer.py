@@ -7,7 +7,8 @@ where `loss` is that step's training loss (not a running average) and eval figur
 `eval/<task>/<metric>`. TensorBoard events go to MODEL_DIR/tensorboard/ through
 tensorboardX, so no TensorFlow is needed. On a bucket MODEL_DIR (gs://, s3://), which has no
 append, metrics.jsonl is uploaded whole at every write (one object, atomic; a few hundred
-bytes a row), as tensorboardX does with its event file there.
+bytes a row), as tensorboardX does with its event file there. With a WandbConfig the rows
+go to Weights & Biases too (t5lite.runtime.wandb_sink).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 from typing import Any, Mapping
 
 from t5lite.runtime import integrity
+from t5lite.runtime.wandb_sink import WandbConfig, WandbRun
 from t5lite.util import atomic, paths, storage
 
 METRICS_FILE = "metrics.jsonl"
@@ -77,16 +79,21 @@ class MetricsWriter:
   """
 
   def __init__(self, model_dir: str | os.PathLike, *, is_primary: bool = True,
-               resume_step: int | None = None):
+               resume_step: int | None = None, wandb: WandbConfig | None = None,
+               run_config: Mapping[str, Any] | None = None):
     """resume_step: the checkpoint step a resumed run starts from. Rows of later steps (logged
     by the interrupted run after that checkpoint) are dropped, as the run logs those steps
-    again; TensorBoard is told the same (purge_step)."""
+    again; TensorBoard is told the same (purge_step). wandb: also log to this W&B run, whose
+    config is run_config."""
     self.model_dir = os.fspath(model_dir)
     self.is_primary = is_primary
     self._jsonl = None
     self._tb = None
+    self._wandb = None
     if not is_primary:
       return
+    if wandb is not None:  # first: a missing wandb is refused before any file is opened
+      self._wandb = WandbRun(wandb, self.model_dir, run_config or {})
     paths.makedirs(self.model_dir)
     path = paths.join(self.model_dir, METRICS_FILE)
     if resume_step is not None:
@@ -115,6 +122,8 @@ class MetricsWriter:
       for name, value in values.items():
         self._tb.add_scalar(name, value, global_step=step)
       self._tb.flush()
+      if self._wandb is not None:
+        self._wandb.log(step, values)
     except OSError as e:  # a write error names no file (a full disk): name the folder
       raise OSError(e.errno, e.strerror, self.model_dir) from e
     except Exception as e:  # a bucket that failed past its client's retries: as an OSError
@@ -122,8 +131,14 @@ class MetricsWriter:
         raise
       raise OSError(errno.EIO, f"the bucket failed: {integrity.first_line(e)}", self.model_dir) from e
 
-  def close(self) -> None:
+  def summarize(self, figures: Mapping[str, Any]) -> None:
+    """The run's figures at its end, for trackers that keep a summary (W&B)."""
+    if self._wandb is not None:
+      self._wandb.summarize(figures)
+
+  def close(self, failed: bool = False) -> None:
     jsonl, tb, self._jsonl, self._tb = self._jsonl, self._tb, None, None
+    tracker, self._wandb = self._wandb, None
     try:
       if jsonl is not None:
         jsonl.close()
@@ -131,12 +146,15 @@ class MetricsWriter:
         tb.close()
     except OSError as e:  # the last flush (a full disk): name the folder
       raise OSError(e.errno, e.strerror, self.model_dir) from e
+    finally:
+      if tracker is not None:
+        tracker.finish(failed)
 
   def __enter__(self) -> "MetricsWriter":
     return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+  def __exit__(self, exc_type, *exc) -> None:
+    self.close(failed=exc_type is not None)
 
 
 def _drop_rows_after(path: str, step: int) -> None:

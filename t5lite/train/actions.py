@@ -20,6 +20,7 @@ best_metric), TrainConfig.preemption_check_period.
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 
 import jax
@@ -29,7 +30,7 @@ from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime.processes import all_flags
 from t5lite.train import cost_model, data_state, evaluation
 from t5lite.train.optimizers import learning_rate_at, optimizer_count
-from t5lite.util import paths
+from t5lite.util import paths, staging
 
 
 class Action(abc.ABC):
@@ -52,6 +53,12 @@ class Action(abc.ABC):
   def run(self, loop) -> None:
     """Acts; the loop has fetched the next batch (and read the window if reads_state)."""
 
+  def begin(self, loop) -> None:
+    """Runs once before the run's first step (loop.step: the step it starts from)."""
+
+  def close(self) -> None:
+    """Runs once when the run ends, also on an error: releases what begin/run took."""
+
 
 def _every(period: int, loop) -> bool:
   """Due every `period` steps and at the last one; never when period is 0."""
@@ -65,7 +72,8 @@ class LogMetrics(Action):
   `loss_mean` over its finite steps, `skipped_steps` (non-finite updates dropped in the window),
   the learning rate, tokens/s and MFU over the window (compilation excluded: the loop compiles
   before the first step and records the time once, as `compile_s` in the first row, beside
-  XLA's memory estimate of the step, `step_*_bytes`)."""
+  XLA's memory estimate of the step, `step_*_bytes`), and `tokens`, the tokens trained on
+  since step 0 (steps x batch rows x the tokens of a row): `t5lite plot --x tokens` reads it."""
 
   def __init__(self, period: int):
     self.period = period
@@ -79,12 +87,14 @@ class LogMetrics(Action):
     trainer, config = loop.trainer, loop.trainer.config
     steps, seconds = window["steps"], loop.clock.seconds()
     lengths = loop.feature_lengths
-    tokens = trainer.family.tokens_per_example(lengths) * config.batch_size * steps
+    tokens_per_step = trainer.family.tokens_per_example(lengths) * config.batch_size
+    tokens = tokens_per_step * steps
     # The schedule reads the optimizer's count, which a finetuning run restarts at 0.
     count = optimizer_count(loop.state.opt_state)
     lr_step = int(jax.device_get(count)) - 1 if count is not None else loop.step - 1
     lr = learning_rate_at(config.optimizer, max(lr_step, 0))
-    record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens / seconds}
+    record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens / seconds,
+              "tokens": tokens_per_step * loop.step}
     if window["finite_steps"]:
       record["loss_mean"] = window["loss_sum"] / window["finite_steps"]
     record["skipped_steps"] = window["nonfinite_steps"]
@@ -187,14 +197,73 @@ class PreemptionCheck(Action):
     loop.stop_requested = any(all_flags(loop.sigterm.requested))
 
 
-def default_actions(config) -> list[Action]:
+PROFILE_DIR = "profile"
+
+
+class Profile(Action):
+  """A jax.profiler trace of `steps` steps, after the run's first `after` steps (the first
+  steps pay one-time costs), into MODEL_DIR/profile: TensorBoard's profile plugin and XProf
+  read it (`xprof --logdir MODEL_DIR/profile`, or `tensorboard --logdir MODEL_DIR/profile`
+  with tensorboard-plugin-profile). The primary process traces its host's devices; the
+  device work before the first traced step and of the last one is waited for, so that the
+  trace holds those steps only. On a bucket MODEL_DIR the trace is written to a local folder
+  and uploaded when it stops (the profiler writes local files)."""
+
+  reads_state = False
+
+  def __init__(self, after: int, steps: int, model_dir: str, is_primary: bool):
+    self.after, self.steps, self.is_primary = after, steps, is_primary
+    self.folder = paths.join(model_dir, PROFILE_DIR)
+    self.first = self.end = None  # the first traced step and the last, set by begin
+    self._tracing: contextlib.ExitStack | None = None
+
+  def begin(self, loop) -> None:
+    self.first = loop.step + self.after + 1
+    self.end = self.first + self.steps - 1
+    if self.after == 0:
+      self._start(loop)
+
+  def due(self, loop) -> bool:
+    if self._tracing is None:
+      return loop.step == self.first - 1 and not (loop.last or loop.stopping)
+    return loop.step >= self.end or loop.last or loop.stopping
+
+  def run(self, loop) -> None:
+    if self._tracing is None:
+      self._start(loop)
+    else:
+      jax.block_until_ready(loop.state)
+      self.close()
+      loop.log(f"t5lite: profiled steps {self.first}-{loop.step} into {self.folder}")
+
+  def _start(self, loop) -> None:
+    if not self.is_primary:
+      return
+    jax.block_until_ready(loop.state)
+    self._tracing = contextlib.ExitStack()
+    local = self._tracing.enter_context(staging.upload(self.folder))
+    jax.profiler.start_trace(local)
+    self._tracing.callback(jax.profiler.stop_trace)
+
+  def close(self) -> None:
+    tracing, self._tracing = self._tracing, None
+    if tracing is not None:
+      tracing.close()  # stops the trace, then uploads it (a bucket MODEL_DIR)
+
+
+def default_actions(config, is_primary: bool = True) -> list[Action]:
   """The actions of a run in the order they run at a step: log first (its throughput ends
   before evals), evaluations, the checkpoint (it ranks by the eval just made), then the
-  preemption check (after the next batch is fetched, as late as possible)."""
+  preemption check (after the next batch is fetched, as late as possible); a profile when
+  TrainConfig.profile_steps asks for one."""
   evaluate = Evaluate(config.eval_period, config.infer_eval_period)
-  return [LogMetrics(config.log_period), evaluate,
-          SaveCheckpoint(config.checkpoint.period, config.checkpoint.best_metric, evaluate),
-          PreemptionCheck(config.preemption_check_period)]
+  actions = [LogMetrics(config.log_period), evaluate,
+             SaveCheckpoint(config.checkpoint.period, config.checkpoint.best_metric, evaluate),
+             PreemptionCheck(config.preemption_check_period)]
+  if config.profile_steps:
+    actions.append(Profile(config.profile_after_steps, config.profile_steps, config.model_dir,
+                           is_primary))
+  return actions
 
 
 class Clock:

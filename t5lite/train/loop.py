@@ -173,8 +173,10 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
   warning = schedules.early_end(config.optimizer.schedule, config.train_steps)
   if warning:
     log(warning)
-  actions = default_actions(config) if actions is None else actions
-  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary, resume_step=step)
+  actions = default_actions(config, trainer.is_primary) if actions is None else actions
+  writer = MetricsWriter(config.model_dir, is_primary=trainer.is_primary, resume_step=step,
+                         wandb=config.wandb,
+                         run_config={"model": trainer.model_config, "train": config})
   loop = Loop(trainer, checkpointer, batches, writer, result, sigterm, log)
   loop.state = state
   try:
@@ -189,11 +191,30 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
       _train(loop, actions)
   except BaseException:
     with contextlib.suppress(OSError):  # e.g. a full disk: the error on its way out says so
-      writer.close()
+      _close(actions)
+      writer.close(failed=True)
     raise
-  writer.close()
+  _close(actions)
   result.step = loop.step
+  writer.summarize(_figures(result))
+  writer.close()
   return result
+
+
+def _figures(result: TrainResult) -> dict[str, Any]:
+  """The run's figures at its end (W&B's run summary)."""
+  figures: dict[str, Any] = {"final_step": result.step, "preempted": result.preempted}
+  if result.losses:
+    figures["final_loss"] = result.losses[max(result.losses)]
+  if result.eval_step is not None:
+    figures["final_eval_step"] = result.eval_step
+    figures.update({f"final_{k}": v for k, v in result.eval_metrics.items()})
+  return figures
+
+
+def _close(actions: list[Action]) -> None:
+  for action in actions:
+    action.close()
 
 
 def step_memory(compiled) -> dict[str, int]:
@@ -223,6 +244,8 @@ def _train(loop: Loop, actions: list[Action]) -> None:
   step_fn = trainer.step_fn.lower(loop.state, loop.window, batch).compile()
   loop.compile_s = time.perf_counter() - start
   loop.step_memory = step_memory(step_fn)
+  for action in actions:
+    action.begin(loop)
   loop.clock.restart()
   while loop.step < config.train_steps:
     loop.state, loop.window, loop.metrics = step_fn(loop.state, loop.window, batch)

@@ -14,6 +14,7 @@ from t5lite.families.peft import PeftConfig
 from t5lite.runtime import checkpoints as ckpt_lib
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.runtime import partitioning as part
+from t5lite.runtime.wandb_sink import WandbConfig
 from t5lite.train import recipes
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.step import StepConfig
@@ -74,6 +75,14 @@ class TrainConfig:
   """Shard parameters' embed axis over the mesh's 'fsdp' axis (logical_axis_rules)."""
   checkpoint: ckpt_lib.CheckpointConfig = dataclasses.field(
       default_factory=ckpt_lib.CheckpointConfig)
+  profile_steps: int = 0
+  """Trace this many steps with jax.profiler into MODEL_DIR/profile (0: no profile), for
+  TensorBoard's profile plugin or XProf (t5lite.train.actions.Profile)."""
+  profile_after_steps: int = 1
+  """Steps this process runs before the traced ones (the first pays one-time costs)."""
+  wandb: WandbConfig | None = None
+  """Also log to Weights & Biases (t5lite.runtime.wandb_sink; gin/runs/wandb.gin turns it
+  on); None: metrics.jsonl and TensorBoard only."""
   preemption_check_period: int = 1
   """With several processes, agree on SIGTERM every this many steps: one all-gather of a flag,
   which waits for the step to finish. Raise it when steps take milliseconds."""
@@ -96,7 +105,8 @@ class TrainConfig:
     for name in ("train_steps", "batch_size", "log_period", "eval_steps",
                  "preemption_check_period"):
       require_int(getattr(self, name), f"TrainConfig.{name}", minimum=1)
-    for name in ("seed", "data_workers", "eval_period", "infer_eval_period"):
+    for name in ("seed", "data_workers", "eval_period", "infer_eval_period", "profile_steps",
+                 "profile_after_steps"):
       require_int(getattr(self, name), f"TrainConfig.{name}", minimum=0 if name != "seed" else None)
     require_int(self.infer_eval_examples, "TrainConfig.infer_eval_examples", minimum=1,
                 optional=True)
