@@ -43,6 +43,8 @@ def test_rows_hold_the_step_loss_the_window_mean_and_compile_time_once(tmp_path)
                                rtol=1e-6)
     assert row["skipped_steps"] == 0 and row["tokens_per_s"] > 0
   assert rows[0]["compile_s"] > 0 and "compile_s" not in rows[1]
+  # Tokens trained on so far: steps x 8 rows x (64 input + 16 target tokens).
+  assert [r["tokens"] for r in rows] == [4 * 8 * 80, 8 * 8 * 80]
 
 
 class CountingAction(Action):
