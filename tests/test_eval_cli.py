@@ -38,7 +38,10 @@ def test_eval_writes_metrics_and_predictions(model_dir, capsys):
           "--gin.MIXTURE_OR_TASK_NAME=train_test_copy", f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}",
           "--gin.EvalConfig.max_examples=10", "--gin.BATCH_SIZE=4"]
   assert cli.main(argv) == 0
-  assert "checkpoint step 3" in capsys.readouterr().out
+  said = capsys.readouterr()
+  assert "checkpoint step 3" in said.out
+  # Progress on stderr (not a terminal here: a plain line): 10 examples decoded and scored.
+  assert "eval train_test_copy: 20/20 examples (100%)" in said.err
   saved = json.loads((model_dir / "eval" / "metrics-3.json").read_text())
   assert saved["step"] == 3
   assert {"eval/train_test_copy/sequence_accuracy", "eval/train_test_copy/bleu",
@@ -79,6 +82,7 @@ def test_infer_reads_lines_and_jsonl_and_writes_jsonl(model_dir, tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   assert [json.loads(line) for line in result.stdout.splitlines()] == records
   assert "3 inputs decoded" in result.stderr
+  assert "infer: 3/3 inputs (100%)" in result.stderr
 
 
 def test_bad_jsonl_line_is_named(model_dir, tmp_path, capsys):
@@ -111,7 +115,8 @@ def test_only_process_0_writes_files_and_prints(model_dir, tmp_path, monkeypatch
       checkpoint_path=str(model_dir), input_path=str(inputs), output_path="-", inputs_length=64,
       decode=DecodeConfig(max_decode_length=8, batch_size=2))) == 2
   assert os.listdir(tmp_path) == ["inputs.txt"] and not said
-  assert capsys.readouterr().out == ""
+  quiet = capsys.readouterr()
+  assert quiet.out == "" and "eval train_test_copy:" not in quiet.err and "infer:" not in quiet.err
 
 
 def test_checkpoint_urls_of_other_schemes_than_buckets_are_refused(capsys):

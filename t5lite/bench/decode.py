@@ -55,6 +55,7 @@ import numpy as np
 from t5lite.bench import hf_t5_decode, machine
 from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
+from t5lite.util import progress
 
 GOAL_RATIO = 2.0
 METHODS = ("greedy", "beam")
@@ -136,12 +137,14 @@ def run(*, config: ModelConfig = BENCH_CONFIG, batch_size: int = 8, inputs_lengt
     for name, decode in sides.items():
       first_s[name, method], outputs[name, method] = _timed(lambda: decode(method))
   seconds: dict[tuple[str, str], list[float]] = {key: [] for key in first_s}
-  for _ in range(repeats):
-    for method in METHODS:
-      for name, decode in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
-        elapsed, out = _timed(lambda: decode(method))
-        seconds[name, method].append(elapsed)
-        outputs[name, method] = out
+  with progress.Progress("bench decode: timed repeats", repeats, "repeat") as bar:
+    for _ in range(repeats):
+      for method in METHODS:
+        for name, decode in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
+          elapsed, out = _timed(lambda: decode(method))
+          seconds[name, method].append(elapsed)
+          outputs[name, method] = out
+      bar.update()
 
   rate = {key: statistics.median(output_tokens(outputs[key]) / s for s in runs)
           for key, runs in seconds.items()}

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from t5lite.bench import machine
+from t5lite.util import progress
 
 GOALS = {"pretrain": 1.2, "finetune": 2.0}
 
@@ -103,6 +104,7 @@ def measure(sides: dict, repeats: int, quiet_wait_s: float, log: Callable[[str],
   cpu: dict[str, list[float]] = {name: [] for name in sides}
   others_cpu: list[float] = []
   deadline = time.monotonic() + quiet_wait_s
+  bar = progress.Progress("bench: timed repeats", repeats, "repeat")
   for _ in range(repeats):
     if quiet_wait_s > 0:  # before every pair: contention spoils a pair, not the median
       machine.wait_for_quiet(max(0.0, deadline - time.monotonic()), log=log)
@@ -116,6 +118,8 @@ def measure(sides: dict, repeats: int, quiet_wait_s: float, log: Callable[[str],
       fraction = others.stop()
       if fraction is not None:
         others_cpu.append(fraction)
+    bar.update()
+  bar.close()
   load_after = os.getloadavg()
   step_memory = {name: machine.peak_rss_above(functools.partial(side.run, side.batches[:1]))
                  for name, side in sides.items()}

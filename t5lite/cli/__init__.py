@@ -22,24 +22,20 @@ import errno
 import os
 import sys
 
-from t5lite.cli import gin_config, smoke
+from t5lite.cli import gin_config, help_text, smoke
 from t5lite.errors import ConfigError
 from t5lite.launch import PREEMPTED_EXIT_CODE, distributed, peers
-from t5lite.runtime import preemption
+from t5lite.runtime import platforms, preemption
 
 GIN_VERBS = {
     "train": "train or finetune a model (resumes from MODEL_DIR's newest checkpoint)",
     "eval": "evaluate a checkpoint on tasks or mixtures with their metrics",
     "infer": "decode text inputs (file or stdin) with a checkpoint, JSONL out",
 }
-COMPILE_HELP = ("compile the train step (or decoding) for a TPU topology on this host: memory "
-                "per device against HBM, XLA's flops and estimated step time")
 # Plain-flag verbs, each handled by main(argv) of its own module (which loads only what it needs).
 PLAIN_VERBS = {
-    "export": ("export a checkpoint: HF transformers (hf), params only (params), or a jax.export "
-               "serving artifact (serving)", "t5lite.cli.export"),
-    "import": ("import HF transformers (hf) or T5X (t5x) checkpoints into a t5lite MODEL_DIR",
-               "t5lite.cli.imports"),
+    "export": (help_text.EXPORT, "t5lite.cli.export"),
+    "import": (help_text.IMPORT, "t5lite.cli.imports"),
     "launch": ("print the per-host commands of a pod training job (TPU VM, SLURM, Kubernetes)",
                "t5lite.launch.cli"),
     "study": ("a paper's comparison end to end (pretrain at equal FLOPs, finetune, evaluate) "
@@ -54,25 +50,9 @@ PATH_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryErr
 USER_ERRORS = (*PATH_ERRORS, OSError)  # a plain OSError only with ENVIRONMENT_ERRNOS
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES,
                                 errno.EPERM, errno.ENAMETOOLONG, errno.ELOOP, errno.EIO})
-GIN_HELP = """gin flags (T5X style):
-  --gin_file=FILE        a gin file (repeatable; paths as given, or under the repo's gin/)
-  --gin.NAME=VALUE       a binding, e.g. --gin.ModelConfig.dropout_rate=0.1 or
-                         --gin.MODEL_DIR=/tmp/run (bare words are taken as strings)
-  --module NAME_OR_PATH  import a module of your own before the gin flags are parsed: its
-                         tasks, families, objectives, recipes and gin configurables register
-                         (repeatable; a name on PYTHONPATH, e.g. my_pkg.tasks, or a .py file)"""
-MODULE_HELP = ("import this module before gin parses (it registers tasks, mixtures, families, "
-               "recipes, gin configurables): a module name importable from PYTHONPATH, or a "
-               "path to a .py file; repeatable")
-EXIT_HELP = f"""exit codes:
-  0 done, 1 failed, 2 bad setup (flags, gin, mesh, a job that did not form),
-  {PREEMPTED_EXIT_CODE} preempted: SIGTERM reached a process and every process saved the same
-     step; rerun the same command to resume (schedulers requeue on this code)"""
-
-
 def _add_module_flag(parser) -> None:
   parser.add_argument("--module", action="append", default=[], metavar="NAME_OR_PATH",
-                      help=MODULE_HELP)
+                      help=help_text.MODULE_HELP)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
   verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
   for verb, text in GIN_VERBS.items():
     sub = verbs.add_parser(verb, help=text, description=text,
-                           epilog=GIN_HELP + ("\n\n" + EXIT_HELP if verb == "train" else ""),
+                           epilog=help_text.epilog(verb, help_text.GIN_HELP, *(
+                               [help_text.EXIT_HELP] if verb == "train" else [])),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     distributed.add_flags(sub)
     _add_module_flag(sub)
@@ -91,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
   smoke = verbs.add_parser(
       "smoke", help="forward/backward steps of a gin-configured model on embedded text",
       description="Build the model from gin, take a few AdamW steps on standard-library "
-      "docstrings, fail unless the loss falls.", epilog=GIN_HELP,
+      "docstrings, fail unless the loss falls.",
+      epilog=help_text.epilog("smoke", help_text.GIN_HELP),
       formatter_class=argparse.RawDescriptionHelpFormatter)
   smoke.add_argument("--steps", type=int, default=30)
   smoke.add_argument("--batch_size", type=int, default=8)
@@ -99,10 +81,12 @@ def _parser() -> argparse.ArgumentParser:
   smoke.add_argument("--seed", type=int, default=0)
   _add_module_flag(smoke)
   compile_ = verbs.add_parser(
-      "compile", help=COMPILE_HELP, description=COMPILE_HELP + ": same --gin_file / --gin.X "
+      "compile", help=help_text.COMPILE_HELP,
+      description=help_text.COMPILE_HELP + ": same --gin_file / --gin.X "
       "flags as train (MODEL_DIR and MIXTURE_OR_TASK_NAME may be left out); prints a table and "
       "one JSON line (fits, bytes_per_device, flops_per_device, estimated_mfu, ...)",
-      epilog=GIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+      epilog=help_text.epilog("compile", help_text.GIN_HELP),
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   _add_compile_flags(compile_)
   _add_module_flag(compile_)
   _add_data_verbs(verbs)
@@ -163,8 +147,10 @@ def _lengths(text: str) -> dict[str, int]:
 
 
 def _add_data_verbs(verbs) -> None:
+  raw = argparse.RawDescriptionHelpFormatter
   tasks = verbs.add_parser("tasks", help="list, show and measure registered tasks",
-                           description="Registered tasks come from t5lite_tasks and --module.")
+                           description="Registered tasks come from t5lite_tasks and --module.",
+                           epilog=help_text.epilog("tasks"), formatter_class=raw)
   _add_module_flag(tasks)
   sub = tasks.add_subparsers(dest="tasks_verb", metavar="list|show|stats", required=True)
   sub.add_parser("list", help="every task and mixture")
@@ -184,15 +170,18 @@ def _add_data_verbs(verbs) -> None:
                      "(default: T5's encoder-decoder; t5lite.families.names() lists them)")
   bench = verbs.add_parser("bench", help="benchmarks side by side with a peer: data pipeline, "
                            "train step, decoding (vs HF), checkpoint checksums (vs orbax "
-                           "alone); each ends with one JSON line of ratios")
+                           "alone); each ends with one JSON line of ratios",
+                           epilog=help_text.epilog("bench"), formatter_class=raw)
   bench.add_argument("what", choices=("data", "train", "decode", "checkpoint", "recipes",
                                          "peft", "moe", "gpu"))
   bench.add_argument("args", nargs=argparse.REMAINDER, help="flags of the benchmark (--help)")
-  plot = verbs.add_parser("plot", help="one PNG of the loss and eval curves of one or more runs")
+  plot = verbs.add_parser("plot", help="one PNG of the loss and eval curves of one or more runs",
+                          epilog=help_text.epilog("plot"), formatter_class=raw)
   plot.add_argument("args", nargs=argparse.REMAINDER,
                     help="RUN [RUN ...] [--x step|tokens] [--smooth W] [--out PNG] [--csv CSV]")
   cache = verbs.add_parser("cache", help="run a task's preprocessors up to CACHE_POINT into "
-                           "array_record shards (training reads them with USE_CACHED_TASKS)")
+                           "array_record shards (training reads them with USE_CACHED_TASKS)",
+                           epilog=help_text.epilog("cache"), formatter_class=raw)
   cache.add_argument("name")
   cache.add_argument("--split", action="append", help="split(s) to cache (default: all)")
   cache.add_argument("--cache_dir", default=None, help="default: $T5LITE_CACHE_DIR or "
@@ -453,6 +442,7 @@ def console_main() -> None:
   background threads: a checkpoint write the disk refused can leave one of orbax's writer
   threads blocked, which would keep the process from ever ending. In a multi-process job the
   processes leave the coordination service together first (distributed.leave_job)."""
+  platforms.choose()  # a CPU host with libtpu installed: no TPU initialization errors
   code = main(tune_cpu_host=True)
   if code == 2:
     distributed.leave_job()

@@ -21,7 +21,7 @@ import warnings
 
 from t5lite.errors import ConfigError
 from t5lite.runtime.model_dir import check_location
-from t5lite.util import staging
+from t5lite.util import progress, staging
 
 FORMATS = {
     "hf": "HF transformers: config.json, model.safetensors and tokenizer files (ELECTRA: one "
@@ -95,7 +95,8 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
   files = []
   for name, net_config, net_params in family_of(config).networks(params):
     path = os.path.join(out, name) if name else out
-    written = hf.save_hf(net_config, net_params, path, max_shard_bytes=max_shard_bytes)
+    with progress.stage(f"export hf: writing {name or 'the'} weights"):
+      written = hf.save_hf(net_config, net_params, path, max_shard_bytes=max_shard_bytes)
     if vocabulary is not None:
       written += hf_tokenizer.write_hf_tokenizer(vocabulary, path)
     files += [os.path.join(name, f) if name else f for f in written]
@@ -179,7 +180,8 @@ def _load(checkpoint: str):
   from t5lite.data.vocab.vocabularies import load_vocabulary
   from t5lite.interop.peft import record as peft_record
   from t5lite.runtime import model_dir
-  config, params, step = peft_record.load_run(checkpoint)
+  with progress.stage(f"export: reading {checkpoint}"):
+    config, params, step = peft_record.load_run(checkpoint)
   try:
     vocabulary = load_vocabulary(model_dir.model_dir_of(checkpoint))
   except FileNotFoundError:

@@ -23,7 +23,7 @@ import warnings
 from t5lite.errors import ConfigError
 from t5lite.interop import limits
 from t5lite.runtime.model_dir import check_location
-from t5lite.util import paths, staging
+from t5lite.util import paths, progress, staging
 
 MAX_EXTRA_IDS = 1 << 20  # T5 has 100; each one is a vocabulary entry
 FORMATS = {
@@ -71,7 +71,8 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
   from t5lite.interop.hf import checkpoints as hf
   from t5lite.interop import params_only
   overrides = {"param_dtype": dtype} if dtype else {}
-  config, params = hf.load_hf(source, max_params=max_params, **overrides)
+  with progress.stage(f"import hf: reading {source}"):
+    config, params = hf.load_hf(source, max_params=max_params, **overrides)
   vocabulary = hf_vocabulary(source)
   check_vocabulary_fits(config, vocabulary, source)
   if vocabulary is None:
@@ -79,7 +80,8 @@ def import_hf(source: str, out: str, *, dtype: str | None = None,
                   "vocab.txt, vocab.json + merges.txt, tokenizer.json): the MODEL_DIR gets no "
                   "vocabulary; copy the model's tokenizer files into that MODEL_DIR (--out) "
                   "before `t5lite infer` (training and eval use their task's vocabulary)")
-  path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
+  with progress.stage(f"import hf: writing {out}"):
+    path = params_only.write_model_dir(out, config, params, step=0, vocabulary=vocabulary)
   return {"import": "hf", "from": os.path.abspath(source), "out": os.path.abspath(out),
           "checkpoint": path, "param_dtype": config.param_dtype,
           "vocabulary": repr(vocabulary) if vocabulary else None}

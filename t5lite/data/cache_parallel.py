@@ -4,9 +4,9 @@ a progress bar of examples written.
 Each worker is cache.cache_task(worker_index=w, num_workers=N) in a spawned process (the task
 sent pickled, as the batch pipeline's workers get theirs, so tasks from a user's module work);
 at most `processes` run at a time. The examples they write are counted in one shared counter
-that the parent shows with tqdm (quiet when stderr is not a terminal). With one worker
-the shard is written in this process. The shards are the
-same files N hosts would write with --worker_index.
+that the parent shows (t5lite.util.progress: a bar on a terminal, a line per period in a
+log). With one worker the shard is written in this process. The shards are the same files N
+hosts would write with --worker_index.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import multiprocessing
 import os
 
 import cloudpickle
-import tqdm
 
 from t5lite.data import cache
 from t5lite.data.registry import Task
 from t5lite.data.sources.files import IndexedFileSource
 from t5lite.errors import ConfigError
+from t5lite.util.progress import Progress
 
 _counter = None  # the examples-written counter, in each worker process
 
@@ -64,8 +64,8 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
   cache.check_request(task, 0, num_workers)
   cache.writable_cache_dir(task, split, cache_dir)
   processes = max(1, min(num_workers, processes or os.cpu_count() or 1))
-  bar = tqdm.tqdm(total=source_size(task, split), unit="example",
-                  disable=None if progress else True, desc=f"cache {task.name} {split}")
+  bar = Progress(f"cache {task.name} {split}", source_size(task, split), "example",
+                 enabled=progress)
   if num_workers == 1:
     with bar:
       return [cache.cache_task(task, split, cache_dir, progress=bar.update)]
@@ -79,5 +79,5 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
     pending = set(futures)
     while pending:
       _, pending = concurrent.futures.wait(pending, timeout=0.5)
-      bar.update(counter.value - bar.n)
+      bar.update(counter.value - bar.count)
     return [f.result() for f in futures]  # a worker's exception is raised here

@@ -140,20 +140,36 @@ class TaskEvaluator:
     self.targets = [postprocess(task, feature_text(ex, "targets", vocab), ex, True)
                     for ex in self.examples]
 
-  def _batches(self, batch_size: int):
+  def _batches(self, batch_size: int, progress: Callable[[int], Any] | None = None):
     for start in range(0, len(self.examples), batch_size):
-      yield start, self.examples[start:start + batch_size]
+      chunk = self.examples[start:start + batch_size]
+      yield start, chunk
+      if progress is not None:
+        progress(len(chunk))
+
+  def _passes(self) -> set[str]:
+    """'predict' and / or 'score': what evaluate runs over the examples ('head' for a head)."""
+    if self.task.head:
+      return {"head"}
+    kinds = set(self.kinds.values())
+    return (kinds & {"predict", "score"}) | ({"predict"} if not kinds else set())
+
+  def work(self) -> int:
+    """Examples that evaluate goes through, each pass counted (a progress bar's total)."""
+    return len(self.examples) * len(self._passes())
 
   def predict(self, model_config: ModelConfig, params: Tree, decode: DecodeConfig,
-              generate_fn: Callable | None = None) -> list[np.ndarray]:
-    """Decoded token ids per example (EOS and padding still in)."""
+              generate_fn: Callable | None = None,
+              progress: Callable[[int], Any] | None = None) -> list[np.ndarray]:
+    """Decoded token ids per example (EOS and padding still in); progress(n) after each
+    batch of n examples."""
     from t5lite.models.decoding.search import to_host
     if generate_fn is None:
       from t5lite.models.decoding.search import generate as generate_fn
     max_length = decode.max_decode_length or self.feature_lengths["targets"]
     inputs_length = self.feature_lengths["inputs"]
     outputs = []
-    for _, chunk in self._batches(decode.batch_size):
+    for _, chunk in self._batches(decode.batch_size, progress):
       inputs = pad_rows([ex["inputs"] for ex in chunk], inputs_length, decode.batch_size)
       tokens = to_host(generate_fn(model_config, params, inputs, max_decode_length=max_length,
                                    **decode.generate_kwargs()))
@@ -161,13 +177,14 @@ class TaskEvaluator:
     return outputs
 
   def score(self, model_config: ModelConfig, params: Tree, batch_size: int,
-            score_fn: Callable | None = None) -> list[float]:
+            score_fn: Callable | None = None,
+            progress: Callable[[int], Any] | None = None) -> list[float]:
     """Each example's target log-likelihood under the model."""
     from t5lite.models.decoding.search import to_host
     if score_fn is None:
       from t5lite.models.decoding.search import score as score_fn
     scores = []
-    for _, chunk in self._batches(batch_size):
+    for _, chunk in self._batches(batch_size, progress):
       inputs = pad_rows([ex["inputs"] for ex in chunk], self.feature_lengths["inputs"],
                          batch_size)
       targets = pad_rows([ex["targets"] for ex in chunk], self.feature_lengths["targets"],
@@ -178,30 +195,34 @@ class TaskEvaluator:
 
   def evaluate(self, model_config: ModelConfig, params: Tree,
                decode: DecodeConfig = DecodeConfig(), *, generate_fn: Callable | None = None,
-               score_fn: Callable | None = None) -> EvalResult:
+               score_fn: Callable | None = None,
+               progress: Callable[[int], Any] | None = None) -> EvalResult:
     """Every metric fn of the task on these examples; decodes / scores only when needed
-    (a head task: the head's logits, t5lite.eval.head_eval)."""
+    (a head task: the head's logits, t5lite.eval.head_eval). progress(n): n more examples
+    of work() done."""
+    passes = self._passes()
     if self.task.head:
       from t5lite.eval import head_eval
       metrics, records = head_eval.evaluate(
           self.task, self.examples, self.targets, model_config, params,
           self.feature_lengths["inputs"], decode.batch_size)
+      if progress is not None:
+        progress(len(self.examples))
       return EvalResult(metrics=metrics, predictions=[jsonable(r) for r in records])
     vocab = self.task.output_features["targets"].vocabulary
-    kinds = set(self.kinds.values())
     inputs_vocab = self.task.output_features["inputs"].vocabulary
     records = [{"inputs": feature_text(ex, "inputs", inputs_vocab), "target": t}
                for ex, t in zip(self.examples, self.targets)]
     predictions = scores = None
-    if "predict" in kinds or not kinds:
-      tokens = self.predict(model_config, params, decode, generate_fn)
+    if "predict" in passes:
+      tokens = self.predict(model_config, params, decode, generate_fn, progress)
       texts = [vocab.decode(t.tolist()) for t in tokens]
       predictions = [postprocess(self.task, text, ex, False)
                      for text, ex in zip(texts, self.examples)]
       for record, text, prediction in zip(records, texts, predictions):
         record.update(prediction_text=text, prediction=prediction)
-    if "score" in kinds:
-      scores = self.score(model_config, params, decode.batch_size, score_fn)
+    if "score" in passes:
+      scores = self.score(model_config, params, decode.batch_size, score_fn, progress)
       for record, value in zip(records, scores):
         record["score"] = value
     metrics: dict[str, float] = {}

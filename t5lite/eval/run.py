@@ -34,7 +34,7 @@ from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
 from t5lite.families import family_of
 from t5lite.runtime.metrics_writer import MetricsWriter
 from t5lite.runtime.model_dir import check_location
-from t5lite.util import atomic, paths
+from t5lite.util import atomic, paths, progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +150,9 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
       evaluator = TaskEvaluator(task, split=config.split,
                                 feature_lengths=config.task_feature_lengths,
                                 max_examples=config.max_examples)
-      result = evaluator.evaluate(model_config, params, config.decode)
+      with progress.Progress(f"eval {task.name}", evaluator.work(), "example",
+                             enabled=primary) as bar:
+        result = evaluator.evaluate(model_config, params, config.decode, progress=bar.update)
       if primary:
         _write_jsonl(paths.join(output_dir, f"{task.name}-{step}.jsonl"), result.predictions)
       task_metrics = {f"eval/{task.name}/{k}": v for k, v in result.metrics.items()}
@@ -246,7 +248,6 @@ def infer(config: InferConfig) -> int:
   """Decodes every input; returns how many. Progress goes to stderr. Every process decodes;
   process 0 writes the output."""
   import jax
-  import tqdm
 
   from t5lite.models.decoding.search import generate
   from t5lite.interop.peft import adapter_batch
@@ -270,8 +271,8 @@ def infer(config: InferConfig) -> int:
     model_config, params, _, bank, default = adapter_batch.load_model(
         config.checkpoint_path, config.adapter, config.adapters, mesh, rules,
         per_row=any(a is not None for _, a, _ in records))
-    with part.activate(mesh, rules), tqdm.tqdm(total=len(texts), unit="input",
-                                               file=sys.stderr, disable=not primary) as bar:
+    with part.activate(mesh, rules), progress.Progress("infer", len(texts), "input",
+                                                       enabled=primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
         chunk = texts[start:start + decode.batch_size]
         names = [default if a is None else a

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from t5lite.runtime import integrity
 from t5lite.runtime.wandb_sink import WandbConfig, WandbRun
 from t5lite.util import atomic, paths, storage
+from t5lite.util.progress import format_duration
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -198,18 +199,6 @@ class _BucketAppender:
 
   def close(self) -> None:
     self.flush()
-
-
-def format_duration(seconds: float) -> str:
-  """3725 -> '1h02m05s', 192 -> '3m12s', 7 -> '7s'."""
-  seconds = max(0, int(round(seconds)))
-  hours, rest = divmod(seconds, 3600)
-  minutes, secs = divmod(rest, 60)
-  if hours:
-    return f"{hours}h{minutes:02d}m{secs:02d}s"
-  if minutes:
-    return f"{minutes}m{secs:02d}s"
-  return f"{secs}s"
 
 
 class ProgressLine:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from t5lite.util import atomic, paths, staging
+from t5lite.util import atomic, paths, progress, staging
 from t5lite.data.sources.files import checked_index
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 
@@ -218,7 +218,8 @@ def prepare_tfds_dataset(name: str, split_examples: Mapping[str, Iterable[dict]]
     # folder, which becomes DATA_DIR/NAME/VERSION in one rename.
     staged = builder_cls(data_dir=staging, file_format="array_record")
     # Nothing is downloaded; keep tfds's empty downloads/ folder out of data_dir.
-    with tempfile.TemporaryDirectory() as download_dir:
+    with tempfile.TemporaryDirectory() as download_dir, progress.stage(
+        f"building the {name} dataset (once) in {data_dir}"):
       staged.download_and_prepare(download_dir=download_dir)
     for entry in os.listdir(staged.data_dir):
       os.rename(os.path.join(staged.data_dir, entry), os.path.join(staging, entry))

@@ -27,6 +27,7 @@ from t5lite.data.sources.files import (ByteSpans, IndexedFileSource, Patterns, c
 from t5lite.data.sources.tfrecord_example import parse_example
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.util import staging
+from t5lite.util.progress import Progress
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
 _CRC_BATCH_BYTES = 1 << 25  # verify data CRCs 32 MiB at a time
@@ -206,15 +207,19 @@ def convert_tfrecord_to_array_record(patterns: Patterns, output_dir: str, *,
     outputs = [os.path.join(output_dir, _array_record_name(f)) for f in files]
     if len(set(outputs)) != len(outputs):
       raise ConfigError(f"input files {files} map to clashing output names; pass num_shards")
-    for src, dst in zip(files, outputs):
-      _write_array_record(dst, read_tfrecord(src, verify_crc=verify_crc))
+    with Progress("convert tfrecord -> array_record", len(files), "file") as bar:
+      for src, dst in zip(files, outputs):
+        _write_array_record(dst, read_tfrecord(src, verify_crc=verify_crc))
+        bar.update()
     return outputs
   records = [r for f in files for r in read_tfrecord(f, verify_crc=verify_crc)]
   bounds = [len(records) * i // num_shards for i in range(num_shards + 1)]
   outputs = [os.path.join(output_dir, f"{name}.array_record-{i:05d}-of-{num_shards:05d}")
              for i in range(num_shards)]
-  for i, dst in enumerate(outputs):
-    _write_array_record(dst, records[bounds[i]:bounds[i + 1]])
+  with Progress("convert tfrecord -> array_record", num_shards, "shard") as bar:
+    for i, dst in enumerate(outputs):
+      _write_array_record(dst, records[bounds[i]:bounds[i + 1]])
+      bar.update()
   return outputs
 
 
@@ -229,9 +234,11 @@ def convert_tfds_dataset_to_array_record(dataset_dir: str, *, verify_crc: bool =
   shards = sorted(f for f in os.listdir(dataset_dir) if re.search(r"\.tfrecord-\d+-of-\d+$", f))
   if not shards:
     raise ConfigFileNotFoundError(f"no '*.tfrecord-XXXXX-of-YYYYY' shards in {dataset_dir}")
-  for shard in shards:
-    _write_array_record(os.path.join(dataset_dir, _array_record_name(shard)),
-                        read_tfrecord(os.path.join(dataset_dir, shard), verify_crc=verify_crc))
+  with Progress(f"convert {dataset_dir} to array_record", len(shards), "shard") as bar:
+    for shard in shards:
+      _write_array_record(os.path.join(dataset_dir, _array_record_name(shard)),
+                          read_tfrecord(os.path.join(dataset_dir, shard), verify_crc=verify_crc))
+      bar.update()
   info_path = os.path.join(dataset_dir, "dataset_info.json")
   with open(info_path, encoding="utf-8") as f:
     info = json.load(f)

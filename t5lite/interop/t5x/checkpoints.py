@@ -45,7 +45,7 @@ from t5lite.interop.t5x.gin_bindings import gin_bindings, read_gin
 from t5lite.models.config import ACTIVATIONS, ACTIVATION_ALIASES, ModelConfig
 from t5lite.models.params import abstract_params, scan_params
 from t5lite.models.transformer import CROSS_ATTENTION
-from t5lite.util import paths, staging
+from t5lite.util import paths, progress, staging
 
 # T5X mlp_activations -> t5lite mlp_activation ('gelu' is flax's tanh approximation, as ours).
 ACTIVATIONS_FROM_T5X = {("relu",): "relu", ("gelu",): "gelu", ("gelu", "linear"): "gated-gelu",
@@ -433,13 +433,15 @@ def main(argv: list[str]) -> int:
     staging.check_empty(args.out)
   # On a bucket: the step read is fetched to local disk, the MODEL_DIR written there first.
   with files.staged(args.source, args.step) as source, staging.upload(args.out) as out:
-    config, params, step, gin_text, t5x_dir = _load(source, args.step, hints,
-                                                    max_params=args.max_params)
+    with progress.stage(f"import t5x: reading {args.source}"):
+      config, params, step, gin_text, t5x_dir = _load(source, args.step, hints,
+                                                      max_params=args.max_params)
     vocabulary = _vocabulary(args, gin_text, t5x_dir)
     if vocabulary is not None and vocabulary.vocab_size > config.vocab_size:
       raise ConfigError(f"the vocabulary has {vocabulary.vocab_size} ids but the model only "
                         f"{config.vocab_size} embeddings (check --extra_ids)")
-    folder = write_model_dir(out, config, params, step=step, vocabulary=vocabulary)
+    with progress.stage(f"import t5x: writing {args.out}"):
+      folder = write_model_dir(out, config, params, step=step, vocabulary=vocabulary)
   import json
   print(json.dumps({"import": "t5x", "from": paths.absolute(args.source), "step": step,
                     "out": paths.absolute(args.out),
