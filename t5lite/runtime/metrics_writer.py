@@ -93,12 +93,12 @@ class MetricsWriter:
     self._wandb = None
     if not is_primary:
       return
-    if wandb is not None:  # first: a missing wandb is refused before any file is opened
-      self._wandb = WandbRun(wandb, self.model_dir, run_config or {})
     paths.makedirs(self.model_dir)
     path = paths.join(self.model_dir, METRICS_FILE)
     if resume_step is not None:
       _drop_rows_after(path, resume_step)
+    if wandb is not None:  # before the files open: a missing wandb is refused first
+      self._wandb = WandbRun(wandb, self.model_dir, run_config or {}, _rows(path))
     # Append, so that a run resumed from a checkpoint keeps the earlier history.
     self._jsonl = _BucketAppender(path) if paths.is_url(path) else open(path, "a",
                                                                          encoding="utf-8")
@@ -156,6 +156,19 @@ class MetricsWriter:
 
   def __exit__(self, exc_type, *exc) -> None:
     self.close(failed=exc_type is not None)
+
+
+def _rows(path: str) -> list[dict]:
+  """The rows of a metrics.jsonl, a torn last line left out."""
+  if not paths.isfile(path):
+    return []
+  rows = []
+  for line in paths.read_text(path).splitlines():
+    try:
+      rows.append(json.loads(line))
+    except ValueError:  # torn by a kill mid-write
+      continue
+  return [row for row in rows if isinstance(row, dict) and "step" in row]
 
 
 def _drop_rows_after(path: str, step: int) -> None:

@@ -4,12 +4,19 @@
     #      WandbConfig.project = 'my-project'    (or WANDB_PROJECT in the environment)
     t5lite train --gin_file=... --gin_file=gin/runs/wandb.gin --gin.WandbConfig.project="'t5'"
 
-Every metrics row goes to the W&B run as it goes to metrics.jsonl, plotted against the
-training step (the rows' own `step` key: a resumed run logs the steps after its checkpoint
-again, which W&B's internal step counter would drop); the model and train configs are the
-run's config; the run's last figures (its step, last loss and last evaluation) its summary.
-Only the primary process logs. The run's id is kept in MODEL_DIR/wandb_run_id.txt, so a
-resumed run (the same MODEL_DIR) continues the same W&B run. W&B's own environment variables
+Every metrics row goes to the W&B run as it goes to metrics.jsonl, at W&B's step = the
+training step; the model and train configs are the run's config; the run's last figures (its
+step, last loss and last evaluation) its summary. Only the primary process logs.
+
+A resumed run continues the same W&B run (its id is kept in MODEL_DIR/wandb_run.json), and
+W&B is a mirror of metrics.jsonl: each start first sends the W&B run the rows of
+metrics.jsonl it may lack, then the new ones. W&B keeps what its service sent before a
+process was killed and no more (offline, nothing of that session; online, what was uploaded),
+and it drops a row at a step below the last one it holds; so a start sends the rows from the
+step the resumed W&B run reports (`run.starting_step`; 0 offline) on, and each step's row
+reaches the W&B run once. The rows are those of metrics.jsonl: a resumed run drops the
+interrupted run's rows after its checkpoint there and logs those steps again, bitwise the
+same. W&B's own environment variables
 (WANDB_API_KEY, WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, WANDB_DIR) apply to what the config
 leaves unset; mode='offline' writes the run to local files only (`wandb sync` uploads them).
 wandb is an optional extra: `pip install 't5lite[wandb]'`.
@@ -17,14 +24,16 @@ wandb is an optional extra: `pip install 't5lite[wandb]'`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
 import secrets
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from t5lite.errors import ConfigError
 from t5lite.util import atomic, paths
 
-RUN_ID_FILE = "wandb_run_id.txt"
+STATE_FILE = "wandb_run.json"
 MODES = ("online", "offline", "disabled")
 
 
@@ -48,6 +57,20 @@ class WandbConfig:
   def __post_init__(self):
     if self.mode is not None and self.mode not in MODES:
       raise ConfigError(f"WandbConfig.mode={self.mode!r} is not one of {', '.join(MODES)}")
+    check_installed()  # when gin builds the run's config: before anything is written
+
+
+MISSING = ("TrainConfig.wandb is set but wandb is not installed: pip install 't5lite[wandb]' "
+           "(or leave out gin/runs/wandb.gin)")
+
+
+def check_installed() -> None:
+  try:
+    spec = importlib.util.find_spec("wandb")
+  except (ValueError, AttributeError):  # sys.modules holds None for it: imports refused
+    spec = None
+  if spec is None:
+    raise ConfigError(MISSING)
 
 
 def plain(value: Any) -> Any:
@@ -64,39 +87,43 @@ def plain(value: Any) -> Any:
   return repr(value)
 
 
-def run_id(model_dir: str) -> str:
-  """MODEL_DIR's W&B run id: the one kept there, or a new one, kept from now on."""
-  path = paths.join(model_dir, RUN_ID_FILE)
+def _run_id(model_dir: str) -> str:
+  """MODEL_DIR's W&B run id: the one kept in wandb_run.json, or a new one, kept from now on."""
+  path = paths.join(model_dir, STATE_FILE)
   if paths.isfile(path):
-    return paths.read_text(path).strip()
-  new = secrets.token_hex(4)  # W&B ids: up to 64 of [a-z0-9_-]
-  atomic.write_file(path, new + "\n")
-  return new
+    return json.loads(paths.read_text(path))["id"]
+  run_id = secrets.token_hex(4)  # W&B ids: up to 64 of [a-z0-9_-]
+  atomic.write_file(path, json.dumps({"id": run_id}) + "\n")
+  return run_id
 
 
 class WandbRun:
   """One training run's W&B run, started on the primary process (t5lite.runtime.metrics_writer
   calls it)."""
 
-  def __init__(self, config: WandbConfig, model_dir: str, run_config: Mapping[str, Any]):
+  def __init__(self, config: WandbConfig, model_dir: str, run_config: Mapping[str, Any],
+               history: Sequence[Mapping[str, Any]] = ()):
+    """history: the rows metrics.jsonl holds already (a resumed run's), oldest first."""
     try:
       import wandb
     except ImportError:
-      raise ConfigError("TrainConfig.wandb is set but wandb is not installed: pip install "
-                        "'t5lite[wandb]' (or unset TrainConfig.wandb)") from None
+      raise ConfigError(MISSING) from None
+    self.run_id = _run_id(model_dir)
     folder = config.dir or (None if paths.is_url(model_dir) else model_dir)
     if folder is not None:
       os.makedirs(folder, exist_ok=True)
     self._run = wandb.init(
         project=config.project, entity=config.entity,
         name=config.name or paths.basename(model_dir.rstrip("/")), group=config.group,
-        tags=list(config.tags) or None, mode=config.mode, dir=folder, id=run_id(model_dir),
+        tags=list(config.tags) or None, mode=config.mode, dir=folder, id=self.run_id,
         resume="allow", config=plain(dict(run_config)))
-    self._run.define_metric("step")
-    self._run.define_metric("*", step_metric="step")
+    start = int(getattr(self._run, "starting_step", 0) or 0)
+    for row in history:
+      if row.get("step", -1) >= start:
+        self.log(row["step"], {k: v for k, v in row.items() if k != "step"})
 
-  def log(self, step: int, values: Mapping[str, float]) -> None:
-    self._run.log({"step": step, **values})
+  def log(self, step: int, values: Mapping[str, float | None]) -> None:
+    self._run.log({k: v for k, v in values.items() if v is not None}, step=step)
 
   def summarize(self, figures: Mapping[str, Any]) -> None:
     self._run.summary.update(dict(figures))

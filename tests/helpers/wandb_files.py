@@ -44,9 +44,10 @@ def _items(items) -> dict:
 
 
 def history(path) -> list[dict]:
-  """The logged rows, without W&B's own keys (_step, _runtime, _timestamp)."""
+  """The logged rows: W&B's step as `step`, without W&B's other keys (_runtime, _timestamp)."""
   rows = [_items(r.history.item) for r in records(path) if r.WhichOneof("record_type") == "history"]
-  return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+  return [{"step": row["_step"], **{k: v for k, v in row.items() if not k.startswith("_")}}
+          for row in rows]
 
 
 def config(path) -> dict:
