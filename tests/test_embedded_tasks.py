@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import t5lite_tasks  # noqa: F401 (registers the tasks)
+from helpers.terminal import on_terminal
 from t5lite import cli
 from t5lite.data import describe, pipeline, rows
 from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
@@ -69,6 +70,14 @@ def test_tasks_cli_list_show_stats(capsys):
   assert 0.9 < stats["packing_efficiency"] <= 1.0
   assert cli.main(["tasks", "show", "stdlib_sumary"]) == 2
   assert re.search(r"closest: [\w, ]*stdlib_docstring_summary", capsys.readouterr().err)
+
+
+def test_cache_on_a_terminal_shows_a_progress_bar(tmp_path, monkeypatch):
+  with on_terminal(monkeypatch) as screen:
+    assert cli.main(["cache", "stdlib_docstring_summary", "--split", "validation",
+                     "--cache_dir", str(tmp_path)]) == 0
+  shown = screen()
+  assert "\r" in shown and "cache stdlib_docstring_summary validation: 100%|" in shown
 
 
 def test_cache_cli_and_cached_training_data(tmp_path, capsys):

@@ -9,6 +9,7 @@ import pytest
 
 import train_tasks
 from helpers.cli import run_t5lite
+from helpers.terminal import on_terminal
 from helpers import quiet, tiny, train_config
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry
@@ -124,3 +125,14 @@ def test_checkpoint_urls_of_other_schemes_than_buckets_are_refused(capsys):
                    "--gin.CHECKPOINT_PATH=hdfs://b/run"]) == 2
   assert ("CHECKPOINT_PATH='hdfs://b/run': t5lite reads and writes gs://BUCKET/PATH and "
           "s3://BUCKET/PATH URLs and local folders") in capsys.readouterr().err
+
+
+def test_eval_on_a_terminal_shows_a_progress_bar(model_dir, monkeypatch, tmp_path):
+  with on_terminal(monkeypatch) as screen:
+    assert cli.main(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.CHECKPOINT_PATH={model_dir}",
+                     "--gin.MIXTURE_OR_TASK_NAME=train_test_copy",
+                     f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.EvalConfig.max_examples=6",
+                     "--gin.BATCH_SIZE=4", f"--gin.EVAL_OUTPUT_DIR={tmp_path}"]) == 0
+  shown = screen()
+  # tqdm's bar, redrawn in place: 6 examples decoded and scored, in batches of 4.
+  assert "\r" in shown and "eval train_test_copy: 100%|" in shown and "12/12" in shown

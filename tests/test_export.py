@@ -23,6 +23,7 @@ from t5lite.models.params import init_params
 from t5lite.runtime import model_dir, partitioning
 from t5lite.train.trainer import train
 import train_tasks
+from helpers.terminal import on_terminal
 from helpers import (assert_trees_equal, checkpoint_params, hf_generate, quiet, tiny,
                      train_config)
 
@@ -195,6 +196,19 @@ def test_params_export_casts_drops_optimizer_state_and_restores_on_any_mesh(trai
 
 @pytest.mark.e2e
 @pytest.mark.slow
+def test_export_hf_on_a_terminal_shows_a_progress_bar_and_in_a_log_one_line(
+    trained, tmp_path, monkeypatch, capsys):
+  with on_terminal(monkeypatch) as screen:
+    run("export", "hf", "--checkpoint", trained, "--out", str(tmp_path / "a"),
+        "--max_shard_size", "20KB")
+  shown = screen()
+  shards = len(list((tmp_path / "a").glob("model-*-of-*.safetensors")))
+  assert shards > 1 and "\r" in shown and f"export hf: weights: 100%|" in shown
+  assert f"{shards}/{shards}" in shown
+  run("export", "hf", "--checkpoint", trained, "--out", str(tmp_path / "b"))
+  assert "export hf: weights: 1/1 shards (100%)" in capsys.readouterr().err  # not a terminal
+
+
 def test_exports_never_write_into_a_non_empty_folder(trained, tmp_path, capsys):
   (tmp_path / "keep.txt").write_text("mine")
   for fmt in ("hf", "params"):

@@ -2,12 +2,17 @@
 rows (the step's loss, the window's loss_mean, compile_s once), actions own their schedule."""
 from __future__ import annotations
 
+import json
+import pathlib
+import sys
+
 import jax
 import numpy as np
 import pytest
 
 import train_tasks  # noqa: F401 (registers train_test_copy)
 from helpers import BYTE_VOCAB_SIZE, metrics_records, quiet, tiny, train_config
+from helpers.cli import run_t5lite
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train import loop as loop_lib
 from t5lite.train.actions import Action, default_actions
@@ -78,14 +83,15 @@ def test_an_added_action_runs_on_its_own_schedule(tmp_path, monkeypatch):
 
 
 def test_a_profile_traces_the_chosen_steps_and_only_those(tmp_path):
-  """profile_after_steps=2, profile_steps=3 of a 6-step run: MODEL_DIR/profile holds one
-  XProf trace (an .xplane.pb) in which the compiled step ran exactly three times."""
+  """profile_after_steps=2, profile_steps=2 of a 6-step run: MODEL_DIR/profile holds one
+  trace (an .xplane.pb) in which the compiled step ran exactly twice, and XProf lists its
+  session with the step's program."""
   logs = []
-  config = train_config(tmp_path, train_steps=6, log_period=3, profile_steps=3,
+  config = train_config(tmp_path, train_steps=6, log_period=3, profile_steps=2,
                         profile_after_steps=2,
                         checkpoint=CheckpointConfig(period=100, async_save=False))
   train(MODEL, config, log=logs.append)
-  assert f"t5lite: profiled steps 3-5 into {tmp_path / 'profile'}" in logs
+  assert f"t5lite: profiled steps 3-4 into {tmp_path / 'profile'}" in logs
   traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
   assert len(traces) == 1
   profile = jax.profiler.ProfileData.from_file(str(traces[0]))
@@ -93,7 +99,14 @@ def test_a_profile_traces_the_chosen_steps_and_only_those(tmp_path):
                 for event in line.events
                 if event.name.startswith("CommonPjRtLoadedExecutable::Execute")
                 and "train_step" in event.name]
-  assert len(executions) == 3, executions
+  assert len(executions) == 2, executions
+  xprof = pathlib.Path(sys.executable).with_name("xprof")  # the test extra installs it
+  listed = run_t5lite("list_hlo_modules", f"--session_id={traces[0].parent.name}",
+                      f"--logdir={tmp_path / 'profile'}", script=xprof, timeout=120)
+  assert listed.returncode == 0, listed.stderr
+  report = json.loads(listed.stdout)
+  assert report["status"] == "SUCCESS"
+  assert any(name.startswith("jit_windowed_train_step") for name in report["modules"])
 
 
 def test_a_profile_longer_than_the_run_stops_at_the_last_step(tmp_path):

@@ -68,7 +68,7 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
                  enabled=progress)
   if num_workers == 1:
     with bar:
-      return [cache.cache_task(task, split, cache_dir, progress=bar.update)]
+      return _finished(bar, [cache.cache_task(task, split, cache_dir, progress=bar.update)])
   context = multiprocessing.get_context("spawn")  # never fork a process that loaded JAX
   counter = context.Value("q", 0)
   payload = cloudpickle.dumps(task)
@@ -80,4 +80,12 @@ def cache_in_parallel(task: Task, split: str, cache_dir: str | None = None, *,
     while pending:
       _, pending = concurrent.futures.wait(pending, timeout=0.5)
       bar.update(counter.value - bar.count)
-    return [f.result() for f in futures]  # a worker's exception is raised here
+    return _finished(bar, [f.result() for f in futures])  # a worker's exception: raised here
+
+
+def _finished(bar: Progress, infos: list[dict]) -> list[dict]:
+  """The bar's total was the source's examples; preprocessors may drop some: the bar ends at
+  the examples written, as its new total."""
+  written = sum(info["examples"] for info in infos)
+  bar.done(written, total=written)
+  return infos

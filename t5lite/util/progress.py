@@ -75,6 +75,15 @@ class Progress:
                             dynamic_ncols=True)
     self.period = _period()
 
+  def done(self, count: int, total: int | None = None) -> None:
+    """Sets the count (and the total, when it becomes known) to these values."""
+    if total is not None and total != self.total:
+      self.total = total
+      if self._bar is not None:
+        self._bar.total = total
+        self._bar.refresh()
+    self.update(count - self.count)
+
   def update(self, n: int = 1) -> None:
     self.count += n
     if self._bar is not None:

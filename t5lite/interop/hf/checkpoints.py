@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -223,12 +223,14 @@ def load_hf(path: str, *, max_params: int | None = None,
 
 
 def save_hf(config: ModelConfig, params: Params, path: str, *,
-            max_shard_bytes: int | None = None) -> list[str]:
+            max_shard_bytes: int | None = None,
+            progress: Callable[[int, int], Any] | None = None) -> list[str]:
   """Writes config.json and model.safetensors that transformers loads with no missing,
   unexpected or mismatched weights; returns the file names written.
 
   Over max_shard_bytes (None: never) the weights go into model-0000i-of-0000n.safetensors
   shards with a model.safetensors.index.json, as transformers' save_pretrained shards them.
+  progress(written, shards) is called before the first shard and after each.
   """
   hf_config = config_to_hf(config)  # refuses options the HF model cannot express
   os.makedirs(path, exist_ok=True)
@@ -236,8 +238,12 @@ def save_hf(config: ModelConfig, params: Params, path: str, *,
   shards = _split(tensors, max_shard_bytes)
   names = ([WEIGHTS_FILE] if len(shards) == 1 else
            [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-  for name, shard in zip(names, shards):
+  for i, (name, shard) in enumerate(zip(names, shards)):
+    if progress is not None:
+      progress(i, len(shards))
     safetensors.numpy.save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+  if progress is not None:
+    progress(len(shards), len(shards))
   if len(shards) > 1:
     index = {"metadata": {"total_size": sum(int(v.nbytes) for v in tensors.values())},
              "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
