@@ -17,6 +17,31 @@ def test_help_lists_every_verb(capsys):
     assert verb in out
 
 
+def test_the_top_level_help_names_every_export_and_import_format(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  for name in ("(hf", "(params)", "(serving)", "(peft)", "(student)", "(t5x)"):
+    assert name in out, name
+
+
+VERBS = ["train", "eval", "infer", "smoke", "compile", "tasks", "cache", "bench", "plot",
+         "export", "import", "launch", "study"]
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verbs_help_shows_an_example_command(verb, capsys):
+  try:
+    code = cli.main([verb, "--help"])
+  except SystemExit as exit_info:
+    code = exit_info.code
+  assert code == 0
+  out = capsys.readouterr().out
+  assert re.search(rf"^\s*(\$ |echo .*\| )?t5lite {verb} \S", out, re.M), out[-1500:]
+  if verb in ("train", "eval", "infer"):
+    assert "macros" in out and ("MODEL_DIR" in out or "CHECKPOINT_PATH" in out)
+
+
 def test_launch_takes_its_own_flags_and_the_launched_verbs_gin_flags(capsys):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["launch", "--help"])

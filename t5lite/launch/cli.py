@@ -19,11 +19,12 @@ import sys
 from t5lite.launch import commands
 
 EPILOG = """After `--`: the verb and its flags (default verb: train), e.g.
-  -- --gin_file=gin/runs/pretrain.gin --gin_file=gin/models/t5_1_1/base.gin \\
-     --gin.MIXTURE_OR_TASK_NAME=c4_span_corruption --gin.MODEL_DIR=/gcs/my-bucket/run
+  t5lite launch --kind=tpu_vm --name=my-v5e --zone=ZONE --num_hosts=32 --devices_per_host=4 \\
+    --dry-run -- --gin_file=gin/runs/pods/t5_1_1_xl_v5e.gin \\
+    --gin.MIXTURE_OR_TASK_NAME=c4_span_corruption --gin.MODEL_DIR=gs://my-bucket/run
 Without them, example flags (T5 1.1 base on C4), printed only. With no flags at all: a
-worked 2-host example. MODEL_DIR must be a folder every host sees at the same path (NFS,
-Filestore, a GCS FUSE mount such as /gcs/BUCKET/run); gs:// URLs are refused.
+worked 2-host example. MODEL_DIR: a gs:// or s3:// URL (the gcs or s3 extra on every host),
+or a folder every host sees at the same path (NFS, Filestore).
 Recipes: t5lite/launch/recipes/; choosing mesh shapes: t5lite/launch/README.md."""
 
 

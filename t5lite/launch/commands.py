@@ -33,7 +33,7 @@ VERBS = ("train", "eval", "infer")
 EXAMPLE_ARGS = ("train", "--gin_file=gin/runs/pretrain.gin",
                 "--gin_file=gin/models/t5_1_1/base.gin",
                 "--gin.MIXTURE_OR_TASK_NAME=c4_span_corruption",
-                "--gin.MODEL_DIR=/gcs/my-bucket/t5_1_1_base")
+                "--gin.MODEL_DIR=gs://my-bucket/t5_1_1_base")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +215,8 @@ def render(plan: Plan) -> str:
            "fsdp; t5lite/launch/README.md).",
            f"Exit code {PREEMPTED_EXIT_CODE}: preempted, every process saved the same step; "
            "rerun to resume.",
-           "MODEL_DIR: a folder every host sees at the same path (NFS, Filestore, or a bucket "
-           "mounted with GCS FUSE, e.g. /gcs/BUCKET/run); gs:// URLs are refused.", *plan.notes]
+           "MODEL_DIR: a gs:// or s3:// URL (the gcs or s3 extra on every host), or a folder "
+           "every host sees at the same path (NFS, Filestore).", *plan.notes]
   lines = [line for note in notes for line in textwrap.wrap(
       note, 96, initial_indent="# ", subsequent_indent="#   ")]
   if plan.submit:
