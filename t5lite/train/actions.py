@@ -72,8 +72,9 @@ class LogMetrics(Action):
   `loss_mean` over its finite steps, `skipped_steps` (non-finite updates dropped in the window),
   the learning rate, tokens/s and MFU over the window (compilation excluded: the loop compiles
   before the first step and records the time once, as `compile_s` in the first row, beside
-  XLA's memory estimate of the step, `step_*_bytes`), and `tokens`, the tokens trained on
-  since step 0 (steps x batch rows x the tokens of a row): `t5lite plot --x tokens` reads it."""
+  XLA's memory estimate of the step, `step_*_bytes`), and `tokens`, the tokens the run has
+  trained on (its steps x batch rows x a row's tokens; a finetuning run counts from its
+  initial checkpoint): `t5lite plot --x tokens` reads it."""
 
   def __init__(self, period: int):
     self.period = period
@@ -93,8 +94,10 @@ class LogMetrics(Action):
     count = optimizer_count(loop.state.opt_state)
     lr_step = int(jax.device_get(count)) - 1 if count is not None else loop.step - 1
     lr = learning_rate_at(config.optimizer, max(lr_step, 0))
+    # `tokens`: this run's steps (the optimizer's count: a finetuning run counts from its
+    # initial checkpoint) x a step's tokens.
     record = {**scalars, "learning_rate": lr, "tokens_per_s": tokens / seconds,
-              "tokens": tokens_per_step * loop.step}
+              "tokens": tokens_per_step * (lr_step + 1)}
     if window["finite_steps"]:
       record["loss_mean"] = window["loss_sum"] / window["finite_steps"]
     record["skipped_steps"] = window["nonfinite_steps"]
