@@ -82,15 +82,21 @@ def test_an_added_action_runs_on_its_own_schedule(tmp_path, monkeypatch):
   assert len(reads) == 2  # the logs at 5 and 10; the counting action read nothing
 
 
+def profiled_run(model_dir, *, train_steps: int, after: int, steps: int) -> list[str]:
+  """Trains MODEL with a profile of `steps` steps after `after`; returns the run's log."""
+  logs = []
+  config = train_config(model_dir, train_steps=train_steps, log_period=3, profile_steps=steps,
+                        profile_after_steps=after,
+                        checkpoint=CheckpointConfig(period=100, async_save=False))
+  train(MODEL, config, log=logs.append)
+  return logs
+
+
 def test_a_profile_traces_the_chosen_steps_and_only_those(tmp_path):
   """profile_after_steps=2, profile_steps=2 of a 6-step run: MODEL_DIR/profile holds one
   trace (an .xplane.pb) in which the compiled step ran exactly twice, and XProf lists its
   session with the step's program."""
-  logs = []
-  config = train_config(tmp_path, train_steps=6, log_period=3, profile_steps=2,
-                        profile_after_steps=2,
-                        checkpoint=CheckpointConfig(period=100, async_save=False))
-  train(MODEL, config, log=logs.append)
+  logs = profiled_run(tmp_path, train_steps=6, after=2, steps=2)
   assert f"t5lite: profiled steps 3-4 into {tmp_path / 'profile'}" in logs
   traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
   assert len(traces) == 1
@@ -110,10 +116,6 @@ def test_a_profile_traces_the_chosen_steps_and_only_those(tmp_path):
 
 
 def test_a_profile_longer_than_the_run_stops_at_the_last_step(tmp_path):
-  logs = []
-  config = train_config(tmp_path, train_steps=3, log_period=3, profile_steps=10,
-                        profile_after_steps=0,
-                        checkpoint=CheckpointConfig(period=100, async_save=False))
-  train(MODEL, config, log=logs.append)
+  logs = profiled_run(tmp_path, train_steps=3, after=0, steps=10)
   assert f"t5lite: profiled steps 1-3 into {tmp_path / 'profile'}" in logs
   assert list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))
