@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import t5lite_tasks  # noqa: F401 (registers the tasks)
-from helpers.terminal import on_terminal
+from helpers.terminal import on_terminal, redrawn
 from t5lite import cli
 from t5lite.data import describe, pipeline, rows
 from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
@@ -77,7 +77,7 @@ def test_cache_on_a_terminal_shows_a_progress_bar(tmp_path, monkeypatch):
     assert cli.main(["cache", "stdlib_docstring_summary", "--split", "validation",
                      "--cache_dir", str(tmp_path)]) == 0
   shown = screen()
-  assert "\r" in shown and "cache stdlib_docstring_summary validation: 100%|" in shown
+  assert redrawn(shown) and "cache stdlib_docstring_summary validation: 100%|" in shown
 
 
 def test_cache_cli_and_cached_training_data(tmp_path, capsys):

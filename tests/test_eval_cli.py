@@ -9,7 +9,7 @@ import pytest
 
 import train_tasks
 from helpers.cli import run_t5lite
-from helpers.terminal import on_terminal
+from helpers.terminal import on_terminal, redrawn
 from helpers import quiet, tiny, train_config
 from t5lite import cli
 from t5lite.data.registry import TaskRegistry
@@ -135,4 +135,4 @@ def test_eval_on_a_terminal_shows_a_progress_bar(model_dir, monkeypatch, tmp_pat
                      "--gin.BATCH_SIZE=4", f"--gin.EVAL_OUTPUT_DIR={tmp_path}"]) == 0
   shown = screen()
   # tqdm's bar, redrawn in place: 6 examples decoded and scored, in batches of 4.
-  assert "\r" in shown and "eval train_test_copy: 100%|" in shown and "12/12" in shown
+  assert redrawn(shown) and "eval train_test_copy: 100%|" in shown and "12/12" in shown

@@ -23,7 +23,7 @@ from t5lite.models.params import init_params
 from t5lite.runtime import model_dir, partitioning
 from t5lite.train.trainer import train
 import train_tasks
-from helpers.terminal import on_terminal
+from helpers.terminal import on_terminal, redrawn
 from helpers import (assert_trees_equal, checkpoint_params, hf_generate, quiet, tiny,
                      train_config)
 
@@ -203,7 +203,7 @@ def test_export_hf_on_a_terminal_shows_a_progress_bar_and_in_a_log_one_line(
         "--max_shard_size", "20KB")
   shown = screen()
   shards = len(list((tmp_path / "a").glob("model-*-of-*.safetensors")))
-  assert shards > 1 and "\r" in shown and f"export hf: weights: 100%|" in shown
+  assert shards > 1 and redrawn(shown) and f"export hf: weights: 100%|" in shown
   assert f"{shards}/{shards}" in shown
   run("export", "hf", "--checkpoint", trained, "--out", str(tmp_path / "b"))
   assert "export hf: weights: 1/1 shards (100%)" in capsys.readouterr().err  # not a terminal

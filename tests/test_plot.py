@@ -83,3 +83,14 @@ def test_bad_plots_exit_2_in_one_line(tmp_path, capsys, args, message):
   assert cli.main(["plot", str(run), *args]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and message in err
+
+
+def test_eval_rows_get_the_tokens_of_their_step_between_and_beyond_the_training_rows():
+  """A finetuning run counts tokens from its initial checkpoint's step (400): its eval before
+  training is at 0 tokens, one after the last training row goes on at the same rate."""
+  records = [{"step": 400, "eval/t/loss": 6.0}, {"step": 420, "loss": 4.0, "tokens": 2000},
+             {"step": 440, "loss": 3.0, "tokens": 4000}, {"step": 430, "eval/t/loss": 5.0},
+             {"step": 450, "eval/t/loss": 4.5}]
+  assert plot._tokens_by_step(records) == {400: 0.0, 420: 2000, 440: 4000, 430: 3000.0,
+                                           450: 5000.0}
+  assert plot._tokens_by_step([{"step": 5, "loss": 1.0, "tokens": 50}]) == {5: 50}

@@ -104,22 +104,21 @@ def measure(sides: dict, repeats: int, quiet_wait_s: float, log: Callable[[str],
   cpu: dict[str, list[float]] = {name: [] for name in sides}
   others_cpu: list[float] = []
   deadline = time.monotonic() + quiet_wait_s
-  bar = progress.Progress("bench: timed repeats", repeats, "repeat")
-  for _ in range(repeats):
-    if quiet_wait_s > 0:  # before every pair: contention spoils a pair, not the median
-      machine.wait_for_quiet(max(0.0, deadline - time.monotonic()), log=log)
-    for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
-      gc.collect()  # neither side pays for the other's garbage
-      others = machine.OthersCpu().start()
-      w, c = time.perf_counter(), time.process_time()
-      side.run()
-      wall[name].append(time.perf_counter() - w)
-      cpu[name].append(time.process_time() - c)
-      fraction = others.stop()
-      if fraction is not None:
-        others_cpu.append(fraction)
-    bar.update()
-  bar.close()
+  with progress.Progress("bench: timed repeats", repeats, "repeat") as bar:
+    for _ in range(repeats):
+      if quiet_wait_s > 0:  # before every pair: contention spoils a pair, not the median
+        machine.wait_for_quiet(max(0.0, deadline - time.monotonic()), log=log)
+      for name, side in sides.items():  # interleaved: t5lite, HF, t5lite, HF, ...
+        gc.collect()  # neither side pays for the other's garbage
+        others = machine.OthersCpu().start()
+        w, c = time.perf_counter(), time.process_time()
+        side.run()
+        wall[name].append(time.perf_counter() - w)
+        cpu[name].append(time.process_time() - c)
+        fraction = others.stop()
+        if fraction is not None:
+          others_cpu.append(fraction)
+      bar.update()
   load_after = os.getloadavg()
   step_memory = {name: machine.peak_rss_above(functools.partial(side.run, side.batches[:1]))
                  for name, side in sides.items()}

@@ -442,7 +442,7 @@ def console_main() -> None:
   background threads: a checkpoint write the disk refused can leave one of orbax's writer
   threads blocked, which would keep the process from ever ending. In a multi-process job the
   processes leave the coordination service together first (distributed.leave_job)."""
-  platforms.choose()  # a CPU host with libtpu installed: no TPU initialization errors
+  platforms.apply()  # a CPU host with libtpu installed: no TPU initialization errors
   code = main(tune_cpu_host=True)
   if code == 2:
     distributed.leave_job()

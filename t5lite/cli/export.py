@@ -96,8 +96,8 @@ def export_hf(checkpoint: str, out: str, *, max_shard_bytes: int | None = None,
   for name, net_config, net_params in family_of(config).networks(params):
     path = os.path.join(out, name) if name else out
     with progress.Progress(f"export hf: {name or 'weights'}", None, "shard") as bar:
-      written = hf.save_hf(net_config, net_params, path, max_shard_bytes=max_shard_bytes,
-                           progress=bar.done)
+      written = hf.write_hf(net_config, net_params, path, max_shard_bytes=max_shard_bytes,
+                            progress=bar.done)
     if vocabulary is not None:
       written += hf_tokenizer.write_hf_tokenizer(vocabulary, path)
     files += [os.path.join(name, f) if name else f for f in written]

@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import io
 import os
 from typing import Sequence
 
+import numpy as np
+
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.runtime.metrics_writer import METRICS_FILE
+from t5lite.util import atomic, paths
 
 X_AXES = ("step", "tokens")
 EXAMPLE = ("examples:\n  t5lite plot /tmp/t5_base\n  t5lite plot runs/dense runs/switch "
@@ -30,13 +34,12 @@ EXAMPLE = ("examples:\n  t5lite plot /tmp/t5_base\n  t5lite plot runs/dense runs
 def read_metrics(model_dir: str | os.PathLike) -> list[dict]:
   """The records of MODEL_DIR/metrics.jsonl in file order; a torn last line (a run killed
   mid-write) is skipped rather than failing the plot."""
-  path = os.path.join(os.fspath(model_dir), METRICS_FILE)
-  if not os.path.exists(path):
+  path = paths.join(os.fspath(model_dir), METRICS_FILE)
+  if not paths.isfile(path):
     raise ConfigFileNotFoundError(f"no {METRICS_FILE} in {model_dir!s}: is it a t5lite MODEL_DIR "
                                   f"of a run that has logged at least one step?")
   records = []
-  with open(path, encoding="utf-8") as f:
-    lines = f.read().splitlines()
+  lines = paths.read_text(path).splitlines()
   for i, line in enumerate(lines):
     if not line.strip():
       continue
@@ -66,14 +69,25 @@ def smoothed(values: Sequence[float], weight: float) -> list[float]:
 
 
 def _tokens_by_step(records: list[dict]) -> dict[int, float]:
-  """Step -> tokens trained on, from the training rows' `tokens` (steps x a step's tokens),
-  extended to the steps of eval rows (an eval at a step that was not logged); {} for a run
-  whose rows have no `tokens`."""
-  known = {r["step"]: r["tokens"] for r in records if r.get("tokens") is not None}
-  if not known or not max(known):
-    return known
-  per_step = known[max(known)] / max(known)
-  return {r["step"]: known.get(r["step"], r["step"] * per_step) for r in records if "step" in r}
+  """Step -> tokens trained on, from the training rows' `tokens`, interpolated (and at the
+  ends extended with the nearest rows' tokens per step) to the steps of eval rows: an eval at
+  a step that was not logged, or before the first step. {} for a run whose rows have no
+  `tokens`; a single training row gives the eval rows nothing to go on (their tokens: None)."""
+  known = sorted({r["step"]: r["tokens"] for r in records if r.get("tokens") is not None}.items())
+  if len(known) < 2:
+    return dict(known)
+  steps, tokens, logged = [s for s, _ in known], [t for _, t in known], dict(known)
+
+  def at(step: int) -> float:
+    if step in logged:
+      return logged[step]
+    if step < steps[0]:
+      return tokens[0] - (steps[0] - step) * (tokens[1] - tokens[0]) / (steps[1] - steps[0])
+    if step > steps[-1]:
+      return tokens[-1] + (step - steps[-1]) * (tokens[-1] - tokens[-2]) / (steps[-1] - steps[-2])
+    return float(np.interp(step, steps, tokens))
+
+  return {r["step"]: at(r["step"]) for r in records if "step" in r}
 
 
 class Run:
@@ -84,19 +98,19 @@ class Run:
     records = read_metrics(model_dir)
     tokens = _tokens_by_step(records)
     if x == "tokens" and not tokens:
-      raise ConfigError(f"{os.path.join(model_dir, METRICS_FILE)} has no 'tokens' column (a run "
+      raise ConfigError(f"{paths.join(model_dir, METRICS_FILE)} has no 'tokens' column (a run "
                         "logged by an older t5lite): plot it against --x step")
     keys = ["loss"] + sorted({k for r in records for k in r if k.startswith("eval/")})
     self.series = {key: [(r["step"], tokens.get(r["step"]), r[key]) for r in records
                          if r.get(key) is not None and "step" in r] for key in keys}
     if not self.series["loss"] and len(keys) == 1:
-      raise ConfigError(f"{os.path.join(model_dir, METRICS_FILE)} has no 'loss' or eval values "
+      raise ConfigError(f"{paths.join(model_dir, METRICS_FILE)} has no 'loss' or eval values "
                         "to plot")
 
 
 def _labels(model_dirs: list[str]) -> list[str]:
   """Each run's folder name, or its whole path where two runs share a folder name."""
-  names = [os.path.basename(os.path.normpath(d)) or d for d in model_dirs]
+  names = [paths.basename(d.rstrip("/")) or d for d in model_dirs]
   return [name if names.count(name) == 1 else d for name, d in zip(names, model_dirs)]
 
 
@@ -125,7 +139,7 @@ def plot_runs(model_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLik
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, key in zip(axes[:, 0], keys):
     for i, run in enumerate(runs):
-      points = run.series.get(key, [])
+      points = [p for p in run.series.get(key, []) if x == "step" or p[1] is not None]
       if not points:
         continue
       xs = [p[0] if x == "step" else p[1] for p in points]
@@ -145,17 +159,20 @@ def plot_runs(model_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLik
   fig.tight_layout()
 
   if out_png is None:
-    out_png = os.path.join(model_dirs[0], "loss.png") if len(runs) == 1 else "loss.png"
+    out_png = paths.join(model_dirs[0], "loss.png") if len(runs) == 1 else "loss.png"
   out = os.fspath(out_png)
-  fig.savefig(out, dpi=100)
+  image = io.BytesIO()
+  fig.savefig(image, format="png", dpi=100)
   plt.close(fig)
+  atomic.write_file(out, image.getvalue())  # a local path or a bucket URL
   if out_csv is not None:
-    with open(out_csv, "w", newline="", encoding="utf-8") as f:
-      writer = csv.writer(f)
-      writer.writerow(["run", "metric", "step", "tokens", "value"])
-      for run in runs:
-        for key, points in run.series.items():
-          writer.writerows([run.label, key, *point] for point in points)
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["run", "metric", "step", "tokens", "value"])
+    for run in runs:
+      for key, points in run.series.items():
+        writer.writerows([run.label, key, *point] for point in points)
+    atomic.write_file(out_csv, table.getvalue())
   return out
 
 

@@ -23,8 +23,8 @@ EPILOG = """After `--`: the verb and its flags (default verb: train), e.g.
     --dry-run -- --gin_file=gin/runs/pods/t5_1_1_xl_v5e.gin \\
     --gin.MIXTURE_OR_TASK_NAME=c4_span_corruption --gin.MODEL_DIR=gs://my-bucket/run
 Without them, example flags (T5 1.1 base on C4), printed only. With no flags at all: a
-worked 2-host example. MODEL_DIR: a gs:// or s3:// URL (the gcs or s3 extra on every host),
-or a folder every host sees at the same path (NFS, Filestore).
+worked 2-host example. MODEL_DIR: a gs:// URL (the gcs extra on every host), or a folder
+every host sees at the same path (NFS, Filestore).
 Recipes: t5lite/launch/recipes/; choosing mesh shapes: t5lite/launch/README.md."""
 
 

@@ -215,7 +215,7 @@ def render(plan: Plan) -> str:
            "fsdp; t5lite/launch/README.md).",
            f"Exit code {PREEMPTED_EXIT_CODE}: preempted, every process saved the same step; "
            "rerun to resume.",
-           "MODEL_DIR: a gs:// or s3:// URL (the gcs or s3 extra on every host), or a folder "
+           "MODEL_DIR: a gs:// URL (the gcs extra on every host), or a folder "
            "every host sees at the same path (NFS, Filestore).", *plan.notes]
   lines = [line for note in notes for line in textwrap.wrap(
       note, 96, initial_indent="# ", subsequent_indent="#   ")]

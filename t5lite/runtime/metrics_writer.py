@@ -98,7 +98,8 @@ class MetricsWriter:
     if resume_step is not None:
       _drop_rows_after(path, resume_step)
     if wandb is not None:  # before the files open: a missing wandb is refused first
-      self._wandb = WandbRun(wandb, self.model_dir, run_config or {}, _rows(path))
+      self._wandb = WandbRun(wandb, self.model_dir, run_config or {}, _rows(path),
+                             resume_step)
     # Append, so that a run resumed from a checkpoint keeps the earlier history.
     self._jsonl = _BucketAppender(path) if paths.is_url(path) else open(path, "a",
                                                                          encoding="utf-8")
@@ -137,7 +138,7 @@ class MetricsWriter:
     if self._wandb is not None:
       self._wandb.summarize(figures)
 
-  def close(self, failed: bool = False) -> None:
+  def close(self, failed: bool = False, preempted: bool = False) -> None:
     jsonl, tb, self._jsonl, self._tb = self._jsonl, self._tb, None, None
     tracker, self._wandb = self._wandb, None
     try:
@@ -149,7 +150,7 @@ class MetricsWriter:
       raise OSError(e.errno, e.strerror, self.model_dir) from e
     finally:
       if tracker is not None:
-        tracker.finish(failed)
+        tracker.finish(failed, preempted)
 
   def __enter__(self) -> "MetricsWriter":
     return self

@@ -10,15 +10,15 @@ compiling for a TPU topology does not need the platform (t5lite/runtime/topologi
 
 How. A TPU chip is a PCI device of Google's vendor id (what JAX's own hardware check reads;
 written here because that check is private to JAX); a GPU is one of the device files of
-NVIDIA's, AMD's or WSL's drivers. Only where JAX_PLATFORMS is unset and neither is found is
-it set, to "cpu"; a user's JAX_PLATFORMS always wins. On a GPU host that has libtpu
+NVIDIA's, AMD's or WSL's drivers. Only where JAX_PLATFORMS is unset and neither is found does
+the process start the CPU alone (JAX's config, not the environment, which jobs submitted from
+this host inherit); a user's JAX_PLATFORMS always wins. On a GPU host that has libtpu
 installed JAX still tries the TPU first (set JAX_PLATFORMS=cuda to quiet it).
 """
 from __future__ import annotations
 
 import glob
 import os
-import sys
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
@@ -40,11 +40,19 @@ def has_gpus() -> bool:
 
 
 def choose() -> str | None:
-  """Sets JAX_PLATFORMS=cpu on a host with no TPU chips and no GPUs, when it is unset (call
-  before JAX makes its backends); returns what it set, or None."""
+  """The platforms to start: "cpu" on a host with no TPU chips and no GPUs when JAX_PLATFORMS
+  is unset, else None (JAX's own choice)."""
   if os.environ.get("JAX_PLATFORMS") or has_tpu_chips() or has_gpus():
     return None
-  os.environ["JAX_PLATFORMS"] = "cpu"  # for the processes it starts, too
-  if "jax" in sys.modules:  # JAX read the environment when it was imported
-    sys.modules["jax"].config.update("jax_platforms", "cpu")
   return "cpu"
+
+
+def apply() -> str | None:
+  """Starts only choose()'s platforms in this process (call before JAX makes its backends);
+  returns them. The environment is left as it is: a job submitted from here (`t5lite launch`
+  with sbatch, which passes the environment on) chooses again on its own hosts."""
+  chosen = choose()
+  if chosen is not None:
+    import jax
+    jax.config.update("jax_platforms", chosen)
+  return chosen

@@ -205,20 +205,23 @@ PROFILE_DIR = "profile"
 
 class Profile(Action):
   """A jax.profiler trace of `steps` steps, after the run's first `after` steps (the first
-  steps pay one-time costs), into MODEL_DIR/profile: TensorBoard's profile plugin and XProf
-  read it (`xprof --logdir MODEL_DIR/profile`, or `tensorboard --logdir MODEL_DIR/profile`
-  with tensorboard-plugin-profile). The primary process traces its host's devices; the
-  device work before the first traced step and of the last one is waited for, so that the
-  trace holds those steps only. On a bucket MODEL_DIR the trace is written to a local folder
-  and uploaded when it stops (the profiler writes local files)."""
+  steps pay one-time costs), into MODEL_DIR/profile, which XProf and TensorBoard's profile
+  plugin read (`xprof server --logdir=MODEL_DIR/profile`; docs/tracking.md). The primary
+  process traces its host's devices. The trace starts once the step before the first traced
+  one and that step's other actions are done, and stops when the last traced step is, before
+  its own actions (a log, an eval, a save): it holds those steps only. On a bucket MODEL_DIR
+  the trace is written to a local folder and uploaded when it stops (the profiler writes
+  local files). Its time (waiting for the device, writing the trace) is not training time."""
 
   reads_state = False
+  pauses_clock = True
 
   def __init__(self, after: int, steps: int, model_dir: str, is_primary: bool):
     self.after, self.steps, self.is_primary = after, steps, is_primary
     self.folder = paths.join(model_dir, PROFILE_DIR)
     self.first = self.end = None  # the first traced step and the last, set by begin
     self._tracing: contextlib.ExitStack | None = None
+    self._stopped_at: int | None = None
 
   def begin(self, loop) -> None:
     self.first = loop.step + self.after + 1
@@ -231,13 +234,20 @@ class Profile(Action):
       return loop.step == self.first - 1 and not (loop.last or loop.stopping)
     return loop.step >= self.end or loop.last or loop.stopping
 
-  def run(self, loop) -> None:
-    if self._tracing is None:
-      self._start(loop)
-    else:
-      jax.block_until_ready(loop.state)
+  def before_next_batch(self, loop) -> None:
+    if self._tracing is not None:  # the last traced step: stop before its actions
+      jax.block_until_ready(loop.state)  # the step's own time: training
+      start = time.perf_counter()
       self.close()
-      loop.log(f"t5lite: profiled steps {self.first}-{loop.step} into {self.folder}")
+      self._stopped_at = loop.step
+      loop.clock.pause_for(time.perf_counter() - start)  # writing the trace: not training
+
+  def run(self, loop) -> None:
+    if self._stopped_at is not None:
+      loop.log(f"t5lite: profiled steps {self.first}-{self._stopped_at} into {self.folder}")
+      self._stopped_at = None
+    elif loop.step == self.first - 1:
+      self._start(loop)
 
   def _start(self, loop) -> None:
     if not self.is_primary:

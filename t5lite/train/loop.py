@@ -190,14 +190,17 @@ def run(trainer, checkpointer, sigterm: preemption.SigtermFlag,
     else:
       _train(loop, actions)
   except BaseException:
-    with contextlib.suppress(OSError):  # e.g. a full disk: the error on its way out says so
+    with contextlib.suppress(Exception):  # the error on its way out is the one to see
       _close(actions)
+    with contextlib.suppress(OSError):  # e.g. a full disk: the error on its way out says so
       writer.close(failed=True)
     raise
-  _close(actions)
-  result.step = loop.step
-  writer.summarize(_figures(result))
-  writer.close()
+  try:
+    _close(actions)
+  finally:
+    result.step = loop.step
+    writer.summarize(_figures(result))
+    writer.close(preempted=result.preempted)
   return result
 
 

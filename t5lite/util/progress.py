@@ -144,11 +144,13 @@ def stage(desc: str, *, enabled: bool = True, stream: TextIO | None = None,
   stream = stream or sys.stderr
   enabled = enabled and os.environ.get(SWITCH_ENV, "1") != "0"
   start = time.monotonic()
-  said = threading.Event()
+  said = []  # the first line, once written (under the lock: never after the last one)
+  lock = threading.Lock()
 
   def begin() -> None:
-    said.set()
-    print(f"{desc} ...", file=stream, flush=True)
+    with lock:
+      print(f"{desc} ...", file=stream, flush=True)
+      said.append(True)
 
   timer = threading.Timer(quiet_s, begin) if enabled else None
   if timer is not None:
@@ -159,6 +161,8 @@ def stage(desc: str, *, enabled: bool = True, stream: TextIO | None = None,
   finally:
     if timer is not None:
       timer.cancel()
-  if said.is_set():
-    print(f"{desc}: done in {format_duration(time.monotonic() - start)}", file=stream,
-          flush=True)
+      timer.join()  # a first line being written is written before what follows
+  if said:
+    with lock:
+      print(f"{desc}: done in {format_duration(time.monotonic() - start)}", file=stream,
+            flush=True)

@@ -50,3 +50,9 @@ def on_terminal(monkeypatch):
     stream.close()
     reader.join(timeout=5)
     os.close(leader)
+
+
+def redrawn(shown: str) -> bool:
+  """Whether the output redraws a line in place (a bar): more carriage returns than new
+  lines (the terminal writes each new line as \\r\\n)."""
+  return shown.count("\r") > shown.count("\n")

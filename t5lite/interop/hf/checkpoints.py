@@ -223,15 +223,21 @@ def load_hf(path: str, *, max_params: int | None = None,
 
 
 def save_hf(config: ModelConfig, params: Params, path: str, *,
-            max_shard_bytes: int | None = None,
-            progress: Callable[[int, int], Any] | None = None) -> list[str]:
+            max_shard_bytes: int | None = None) -> list[str]:
   """Writes config.json and model.safetensors that transformers loads with no missing,
   unexpected or mismatched weights; returns the file names written.
 
   Over max_shard_bytes (None: never) the weights go into model-0000i-of-0000n.safetensors
   shards with a model.safetensors.index.json, as transformers' save_pretrained shards them.
-  progress(written, shards) is called before the first shard and after each.
   """
+  return write_hf(config, params, path, max_shard_bytes=max_shard_bytes)
+
+
+def write_hf(config: ModelConfig, params: Params, path: str, *,
+             max_shard_bytes: int | None = None,
+             progress: Callable[[int, int], Any] | None = None) -> list[str]:
+  """save_hf, telling its progress: progress(shards written, shards) before the first shard
+  and after each (`t5lite export hf` shows it)."""
   hf_config = config_to_hf(config)  # refuses options the HF model cannot express
   os.makedirs(path, exist_ok=True)
   tensors = params_to_hf(config, params)
