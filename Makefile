@@ -30,25 +30,25 @@ demo: $(VENV)/.installed-demo
 # Every test (what CI runs), spread over the machine's cores: compiling is single-threaded, so
 # two workers on two cores about halve the suite's time.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto --durations=25
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup --durations=25
 
 # The tiers (docs/development.md, "Test tiers"): every test is unit (the default), parity
 # (against torch/transformers/peft) or e2e (subprocesses, long runs); `slow` marks the expensive
 # ones, by hand or by measurement (tests/durations.json). The edit loop runs the unit tests that
 # are not slow.
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto -m "unit and not slow" --durations=15
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup -m "unit and not slow" --durations=15
 
 test-parity: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto -m parity --durations=15
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup -m parity --durations=15
 
 test-e2e: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto -m e2e --durations=15
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup -m e2e --durations=15
 
 # Re-measures every test into tests/durations.json (run it warm: a second time after a run);
 # tests recorded over tests/helpers/durations.py's FAST_LIMIT_S leave the fast tier.
 durations: $(VENV)/.installed-test
-	$(BIN)/python -m pytest tests -n auto --record-durations -q
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup --record-durations -q
 
 # Compiles every pod preset (gin/runs/pods/*.gin) for its TPU topology on this CPU host, one
 # report's JSON line each into runs/pod_presets.jsonl (about an hour on 2 cores).

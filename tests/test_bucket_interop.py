@@ -24,7 +24,9 @@ from t5lite.models.adapters import AdapterConfig
 from t5lite.models.params import init_params
 from t5lite.util import paths, staging
 
-pytestmark = [pytest.mark.e2e]
+# One worker runs the modules that share the session-scoped reliability_reference run
+# (helpers/fixtures.py): built once, not once per pytest-xdist worker (`--dist loadgroup`).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("reliability_reference")]
 
 # T5X's operative config.gin, naming the SentencePiece model beside it (a relative path).
 T5X_GIN = """network.T5Config.mlp_activations = ('gelu', 'linear')

@@ -27,7 +27,9 @@ from t5lite.runtime import integrity
 from t5lite.runtime import lease as lease_lib
 from t5lite.util import atomic, paths
 
-pytestmark = [pytest.mark.e2e]
+# One worker runs the modules that share the session-scoped reliability_reference run
+# (helpers/fixtures.py): built once, not once per pytest-xdist worker (`--dist loadgroup`).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("reliability_reference")]
 
 
 def _steps_on(url: str) -> list[int]:

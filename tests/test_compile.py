@@ -23,6 +23,10 @@ from t5lite.train.aot import compiler as aot_compile
 from t5lite.train.aot import cost as aot_cost
 from t5lite.train.trainer import TrainConfig
 
+# One worker runs this module: its module-scoped fixtures are built once, not once per
+# pytest-xdist worker (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("test_compile")
+
 GIN = ["--gin_file=gin/runs/pretrain.gin", "--gin_file=gin/models/tiny.gin",
        "--gin.BATCH_SIZE=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
 # Big enough that matmuls dominate XLA's count (see test_flops_*), small enough to compile in

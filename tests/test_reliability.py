@@ -24,7 +24,10 @@ from helpers.runs import (
     KEEP, NEWEST, PERIOD, PREVIOUS, STEPS, TMP_MARK, assert_same_run_as, committed, console_noise,
     listing, logged_steps, one_error_line, spawn, tmp_folders, train_argv)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# One worker runs the modules that share the session-scoped reliability_reference run
+# (helpers/fixtures.py): built once, not once per pytest-xdist worker (`--dist loadgroup`).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow,
+              pytest.mark.xdist_group("reliability_reference")]
 
 
 @pytest.fixture(scope="module")

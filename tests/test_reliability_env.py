@@ -22,7 +22,10 @@ from helpers.runs import (
     NEWEST, PERIOD, TMP_MARK, assert_same_run_as, committed, listing, mount, one_error_line,
     spawn, train_argv, umount)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# One worker runs the modules that share the session-scoped reliability_reference run
+# (helpers/fixtures.py): built once, not once per pytest-xdist worker (`--dist loadgroup`).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow,
+              pytest.mark.xdist_group("reliability_reference")]
 
 
 @pytest.fixture(scope="module")

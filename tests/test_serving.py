@@ -46,6 +46,10 @@ sys.path.insert(0, job["artifacts"]["sentencepiece"])
 import numpy as np
 from serving_loader import ServingModel
 
+# One worker runs this module: its module-scoped fixtures are built once, not once per
+# pytest-xdist worker (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("test_serving")
+
 def error_of(call):
   try:
     call()
