@@ -113,6 +113,8 @@ RUN_MODELS = {"gin/runs/bert_finetune.gin": ("gin/models/bert/tiny.gin", 128),
 
 
 PEFT_RUNS = {"gin/runs/lora.gin": "lora", "gin/runs/prompt_tuning.gin": "prompt_tuning"}
+# Add-ons, given after a run file of their own: (the run file they are tried after).
+ADD_ONS = {"gin/runs/wandb.gin": "gin/runs/pretrain.gin"}
 
 
 @pytest.mark.parametrize("path", RUN_FILES)
@@ -129,6 +131,8 @@ def test_run_file_builds_its_config(path):
   files = [model_file, path] if path in RUN_MODELS else [path, model_file]
   if path.startswith("gin/runs/pods/"):
     files, d_model = [path], None
+  if path in ADD_ONS:
+    files = [ADD_ONS[path], model_file, path]
   # A PEFT run starts from BASE, and refuses INITIAL_CHECKPOINT_PATH (full finetuning's).
   start = "BASE='/tmp/base'" if path in PEFT_RUNS else "INITIAL_CHECKPOINT_PATH='/tmp/pretrained'"
   gin_config.parse(files, [
@@ -137,6 +141,8 @@ def test_run_file_builds_its_config(path):
   config = gin_config.run_config(macro, cls, path)
   if path in PEFT_RUNS:
     assert config.peft.base == "/tmp/base" and config.peft.adapter.method == PEFT_RUNS[path]
+  if path == "gin/runs/wandb.gin":
+    assert config.wandb is not None and config.wandb.mode is None
   if cls is TrainConfig:
     assert config.model_dir == "/tmp/run" and config.train_steps == 2000000
     for name in T5X_MACROS:  # T5X users' scripts can rely on these names

@@ -38,6 +38,11 @@ TOO_LONG_TEXT = "a sentence far longer than sixteen tokens " * 3
 ALLOWED_IMPORTS = {"__future__", "argparse", "hashlib", "json", "pathlib", "struct", "sys", "typing",
                    "jax", "numpy", "safetensors", "sentencepiece"}
 
+
+# One worker runs this module: its module-scoped fixtures are built once, not once per
+# pytest-xdist worker (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("test_serving")
+
 # Runs in `python -I -c`: the loader is imported from the artifact alone, never t5lite.
 FRESH_PROCESS = """
 import json, sys
@@ -45,10 +50,6 @@ job = json.loads(sys.argv[1])
 sys.path.insert(0, job["artifacts"]["sentencepiece"])
 import numpy as np
 from serving_loader import ServingModel
-
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_serving")
 
 def error_of(call):
   try:

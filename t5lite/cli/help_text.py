@@ -34,7 +34,7 @@ shipped configs (gin/, installed with the package):
   runs/   pretrain, finetune, demo, lora, prompt_tuning, distilbert, stdlib_*_pretrain, wandb,
           pods/t5_1_1_{small..xxl}_{v4,v5e,v5p}
   models/ t5_1_1/{small..xxl}, t5_1_0/, transformer/, bert/, roberta/, albert/, electra/,
-          gpt2/, llama_style/, decoder_only/, encoder_only/, switch/, tiny, demo
+          gpt2/, llama_style/, switch/, tiny, demo, ... (`ls gin/models`)
   (docs/pretraining.md lists TrainConfig's fields: --gin.TrainConfig.log_period=10, ...)""",
     "eval": """macros (gin/runs/eval.gin):
   CHECKPOINT_PATH         a MODEL_DIR (its newest step) or one checkpoints/STEP folder (required)
@@ -62,7 +62,7 @@ EXAMPLES = {
   echo "cola sentence: the cat sat" | t5lite infer --gin_file=gin/runs/infer.gin \\
     --gin.CHECKPOINT_PATH=/tmp/cola""",
     "smoke": """example:
-  t5lite smoke --gin_file=gin/models/decoder_only/tiny.gin   # 30 steps; fails unless the loss falls""",
+  t5lite smoke --gin_file=gin/models/llama_style/tiny.gin   # 30 steps; fails unless the loss falls""",
     "compile": """example:
   t5lite compile --gin_file=gin/runs/pods/t5_1_1_xl_v5e.gin  # fits? estimated MFU?""",
     "tasks": """examples:
