@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import wandb  # noqa: F401 (the test extra installs it: without it these fail, not skip)
 
 import train_tasks  # noqa: F401 (registers train_test_copy)
 from helpers import BYTE_VOCAB_SIZE, metrics_records, quiet, runs, tiny, train_config, wandb_files
@@ -18,7 +19,6 @@ from t5lite.runtime.metrics_writer import MetricsWriter
 from t5lite.runtime.wandb_sink import STATE_FILE, WandbConfig
 from t5lite.train.trainer import train
 
-pytest.importorskip("wandb")  # the test extra installs it
 MODEL = tiny(vocab_size=BYTE_VOCAB_SIZE)
 OFFLINE = WandbConfig(project="t5lite-tests", mode="offline", tags=("tiny",))
 

@@ -176,11 +176,6 @@ def plot_runs(model_dirs: Sequence[str | os.PathLike], out_png: str | os.PathLik
   return out
 
 
-def plot_losses(model_dir: str | os.PathLike, out_png: str | os.PathLike | None = None) -> str:
-  """One run's plot (MODEL_DIR/loss.png by default); returns the PNG path written."""
-  return plot_runs([model_dir], out_png)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   """`t5lite plot RUN [RUN ...] [--x step|tokens] [--smooth W] [--out PNG] [--csv CSV]`."""
   parser = argparse.ArgumentParser(
