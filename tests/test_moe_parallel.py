@@ -19,9 +19,12 @@ from t5lite.runtime.partitioning import (MeshConfig, logical_axis_rules, make_me
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.train.trainer import Trainer, train
 
-# Every layer sparse, 8 experts, capacity factor 1.0: tokens are dropped for real.
-MODEL = tiny(vocab_size=384, moe=MoeConfig(num_experts=8, capacity_factor=1.0,
-                                           encoder_sparse_step=1, decoder_sparse_step=1))
+# Every layer sparse, 8 experts, capacity factor 1.0: tokens are dropped for real. One layer a
+# stack: every program here is compiled from a cold cache, and a second sparse layer only
+# repeats the first.
+MODEL = tiny(vocab_size=384, num_encoder_layers=1, num_decoder_layers=1,
+             moe=MoeConfig(num_experts=8, capacity_factor=1.0, encoder_sparse_step=1,
+                           decoder_sparse_step=1))
 
 
 def config(model_dir, **changes):
@@ -58,7 +61,7 @@ def test_the_dispatch_is_split_over_the_expert_axis():
   mesh, rules = make_mesh(MeshConfig(data=2, expert=4)), logical_axis_rules()
   family = family_of(MODEL)
   shardings = param_shardings(MODEL, mesh, rules)
-  wo = shardings["decoder"]["layers_1"]["mlp"]["wo"]
+  wo = shardings["decoder"]["layers_0"]["mlp"]["wo"]
   assert wo.spec == P("expert", "tensor", None)  # (expert, mlp, embed); tensor: 1 device
   params = jax.jit(family.init_params, out_shardings=shardings)(jax.random.key(0))
   batch = {"encoder_input_tokens": np.ones((8, 16), np.int32),
