@@ -2,7 +2,8 @@
 nothing, one writer per MODEL_DIR, non-finite accounting, metrics without repeated steps.
 
 The fast tests work on tiny hand-made checkpoints and leases; the end-to-end ones (slow) train
-the tiny model of test_trainer.py for a few steps.
+the tiny model of test_trainer.py, cut to one encoder and one decoder layer (they are about
+checkpoints and steps, not depth: less to compile), for a few steps.
 """
 import dataclasses
 import json
@@ -38,7 +39,7 @@ from t5lite.train.trainer import train
 # pytest-xdist worker (`--dist loadgroup`).
 pytestmark = pytest.mark.xdist_group("test_checkpoint_integrity")
 
-MODEL = tiny(vocab_size=384, dropout_rate=0.1)
+MODEL = tiny(vocab_size=384, dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
 STATE = {"w": jnp.arange(3000, dtype=jnp.float32) / 7, "b": {"c": jnp.ones((30, 40))}}
 
 if "integrity_copy_other_vocab" not in TaskRegistry.names():
