@@ -118,22 +118,28 @@ def test_span_boundary_loss_is_mlm_mean_plus_sbo_mean():
   family = family_of(config)
   params = family.init_params(1)
   batch = {k: jnp.asarray(v) for k, v in _span_batch(config, np.random.default_rng(0)).items()}
-  loss_sum, sums = family.loss_fn(params, batch, None)
+  # Jitted, the loss and the direct computation each compile once rather than op by op.
+  loss_sum, sums = jax.jit(lambda p, b: family.loss_fn(p, b, None))(params, batch)
   model = family.make_model()
-  apply = lambda method, *a: model.apply({"params": params}, *a, method=method)  # noqa: E731
-  states = apply("hidden_states", batch["encoder_input_tokens"], batch["encoder_segment_ids"],
-                 batch["encoder_positions"])
-  targets, weights = batch["mlm_target_tokens"], batch["mlm_loss_weights"].astype(jnp.float32)
-  mlm = optax.softmax_cross_entropy_with_integer_labels(apply("mlm_logits", states), targets)
-  gather = lambda key: jnp.take_along_axis(states, batch[key][..., None], axis=1)  # noqa: E731
-  sbo_logits = apply("span_boundary_logits", gather("mlm_span_left"), gather("mlm_span_right"),
-                     batch["mlm_span_offset"])
-  sbo = optax.softmax_cross_entropy_with_integer_labels(sbo_logits, targets)
-  expected = (jnp.sum(mlm * weights) + jnp.sum(sbo * weights)) / jnp.sum(weights)
+
+  @jax.jit
+  def direct(params, batch):
+    """(the expected loss, the SBO mean) from the model's own methods."""
+    apply = lambda method, *a: model.apply({"params": params}, *a, method=method)  # noqa: E731
+    states = apply("hidden_states", batch["encoder_input_tokens"],
+                   batch["encoder_segment_ids"], batch["encoder_positions"])
+    targets, weights = batch["mlm_target_tokens"], batch["mlm_loss_weights"].astype(jnp.float32)
+    mlm = optax.softmax_cross_entropy_with_integer_labels(apply("mlm_logits", states), targets)
+    gather = lambda key: jnp.take_along_axis(states, batch[key][..., None], axis=1)  # noqa: E731
+    sbo_logits = apply("span_boundary_logits", gather("mlm_span_left"),
+                       gather("mlm_span_right"), batch["mlm_span_offset"])
+    sbo = optax.softmax_cross_entropy_with_integer_labels(sbo_logits, targets)
+    return ((jnp.sum(mlm * weights) + jnp.sum(sbo * weights)) / jnp.sum(weights),
+            jnp.sum(sbo * weights) / jnp.sum(weights))
+  expected, sbo_mean = direct(params, batch)
   np.testing.assert_allclose(loss_sum / sums["normalizer"], expected, rtol=1e-5)
   metrics = family.metrics(sums, sums["normalizer"])
-  np.testing.assert_allclose(metrics["sbo_loss"], jnp.sum(sbo * weights) / jnp.sum(weights),
-                             rtol=1e-5)
+  np.testing.assert_allclose(metrics["sbo_loss"], sbo_mean, rtol=1e-5)
 
 
 def test_gpt1_loss_is_task_mean_plus_half_the_lm_mean():
@@ -144,8 +150,10 @@ def test_gpt1_loss_is_task_mean_plus_half_the_lm_mean():
   rng = np.random.default_rng(3)
   rows = [conv.row({"inputs": rng.integers(5, 300, n), "label": n % 3}, 9) for n in (9, 5, 7)]
   batch = {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
-  loss_sum, sums = family.loss_fn(params, batch, None)
-  classes, lm_logits = family.logits(params, batch)
+  # Jitted: op by op, each of the loss's hundreds of ops would compile alone.
+  loss_sum, sums = jax.jit(lambda p, b: family.loss_fn(p, b, None))(params, batch)
+  logits = jax.jit(family.logits)
+  classes, lm_logits = logits(params, batch)
   task = optax.softmax_cross_entropy_with_integer_labels(classes, batch["labels"]).mean()
   lm_w = batch["decoder_loss_weights"].astype(jnp.float32)
   lm = optax.softmax_cross_entropy_with_integer_labels(lm_logits, batch["decoder_target_tokens"])
@@ -153,7 +161,7 @@ def test_gpt1_loss_is_task_mean_plus_half_the_lm_mean():
   np.testing.assert_allclose(loss_sum / sums["normalizer"], expected, rtol=1e-5)
   # The classifier reads each row's last real token: changing a later pad changes nothing.
   padded = dict(batch, decoder_input_tokens=batch["decoder_input_tokens"].at[1, 6].set(77))
-  np.testing.assert_array_equal(family.logits(params, padded)[0][1], classes[1])
+  np.testing.assert_array_equal(logits(params, padded)[0][1], classes[1])
 
 
 def test_a_head_task_needs_a_model_with_that_head(tmp_path):
