@@ -142,15 +142,25 @@ def test_sigterm_during_startup_exits_with_the_preempted_code(gin_file, referenc
                                       for s in (resumed + 1, resumed + 2)}
 
 
+# The demo model cut to one layer a stack, on short batches: the run files' tasks, objectives,
+# optimizers, evals and warm start are what is tested, and XLA compiles (train, eval and
+# decode) about a layer's program per layer.
+DEMO_SIZE = ("--gin.ModelConfig.num_encoder_layers=1", "--gin.ModelConfig.num_decoder_layers=1",
+             "--gin.BATCH_SIZE=8")
+
+
 @pytest.mark.slow
 def test_demo_run_configs_train_end_to_end(tmp_path, capsys):
   """gin/runs/demo.gin and demo_finetune.gin, a few steps each, on the embedded data. The
   finetuning run's inference evals decode one batch (DecodeConfig.batch_size, 32 examples), not
   its 64 (two): the same compiled decode and metrics, half the decoding."""
   pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
-  assert cli.main(train_argv("gin/runs/demo.gin", pretrain, "--gin.TRAIN_STEPS=2",
-                             "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1")) == 0
-  assert cli.main(train_argv("gin/runs/demo_finetune.gin", finetune,
+  assert cli.main(train_argv("gin/runs/demo.gin", pretrain, *DEMO_SIZE,
+                             "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+                             "--gin.TRAIN_STEPS=2", "--gin.EVAL_PERIOD=2",
+                             "--gin.TrainConfig.eval_steps=1")) == 0
+  assert cli.main(train_argv("gin/runs/demo_finetune.gin", finetune, *DEMO_SIZE,
+                             "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
                              f"--gin.INITIAL_CHECKPOINT_PATH={pretrain}", "--gin.TRAIN_STEPS=4",
                              "--gin.EVAL_PERIOD=2", "--gin.TrainConfig.eval_steps=1",
                              "--gin.TrainConfig.infer_eval_examples=32")) == 0
