@@ -243,7 +243,9 @@ def test_logit_distillation_of_lm_and_text_to_text_models(make, tmp_path):
     batch.update(encoder_input_tokens=encoder_inputs,
                  encoder_segment_ids=np.ones((2, 7), np.int32))
     args = (encoder_inputs, decoder_inputs)
-  loss_sum, sums = family.loss_fn(params, batch, None, fixed_params=teacher)
+  # Jitted: one compiled program, where eagerly each of its ops would compile apart.
+  loss_sum, sums = jax.jit(lambda p, b, t: family.loss_fn(p, b, None, fixed_params=t))(
+      params, batch, teacher)
   logits = lambda c, p: t5lite.logits(c, p, *args)  # noqa: E731
   s, t = logits(student_config, params), logits(teacher_config, teacher)
   p_t = np.exp(log_softmax(t / 3))
