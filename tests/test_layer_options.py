@@ -3,6 +3,8 @@ Transformer against torch.nn's post-norm layers, interleaved sinusoids against n
 grouped-query attention against repeated key/value heads, ALBERT's sharing against one layer
 applied in a loop. (BERT, RoBERTa, ALBERT, GPT-2 and LLaMA are checked against HF
 transformers in test_hf_encoders.py and test_hf_decoders.py.)"""
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -173,18 +175,36 @@ def test_impossible_layer_options_are_named(changes, message):
     tiny(**changes)
 
 
+@functools.lru_cache(maxsize=None)
+def _mlm_loss_and_reference(config):
+  """Jitted (loss, sums) and gradients of the family's loss and of the head over every
+  position, built once per config: both parametrizations run the same two programs, and
+  op by op each of the hundreds of ops would compile alone."""
+  from t5lite.families import family_of, token_loss_sums
+  family = family_of(config)
+
+  def reference(params, batch):
+    logits, sentence = family.make_model().apply(
+        {"params": params}, **family.model_inputs(batch), with_sentence_logits=True)
+    loss_sum, sums = token_loss_sums(logits, batch["mlm_target_tokens"], batch["mlm_loss_weights"],
+                                     batch["encoder_segment_ids"], family.loss)
+    nll = -jax.nn.log_softmax(sentence)[jax.numpy.arange(3), batch["sentence_labels"]]
+    return loss_sum + nll.sum() * sums["normalizer"] / 3, sums
+
+  ours = jax.jit(jax.value_and_grad(lambda p, b: family.loss_fn(p, b, None), has_aux=True))
+  return ours, jax.jit(jax.value_and_grad(reference, has_aux=True))
+
+
 @pytest.mark.parametrize("per_row", [3, 12])
 def test_mlm_loss_on_the_chosen_positions_equals_the_loss_over_every_position(per_row):
   """The encoder-only loss runs its MLM head on each row's weighted positions (8 slots for a
   row of 16); with more chosen than that (12) it runs on every position. Loss, sums and
   gradients equal those of the head over every position."""
-  from t5lite.families import family_of, token_loss_sums
   config = tiny(architecture="encoder_only", family="bert", num_decoder_layers=0,
                 norm="layer", norm_position="post", use_bias=True, scale_attention=True,
                 position_encoding="learned", max_position_embeddings=32, type_vocab_size=2,
                 embedding_norm=True, tie_output_embedding=True, pooler=True,
                 sentence_classes=2, mlp_activation="gelu_exact")
-  family = family_of(config)
   params = init_params(config, 0)
   rng = np.random.RandomState(per_row)
   weights = np.zeros((3, 16), np.float32)
@@ -197,17 +217,9 @@ def test_mlm_loss_on_the_chosen_positions_equals_the_loss_over_every_position(pe
                sentence_labels=rng.randint(0, 2, (3,)))
   batch = jax.tree.map(jax.numpy.asarray, batch)
 
-  def reference(params):
-    logits, sentence = family.make_model().apply(
-        {"params": params}, **family.model_inputs(batch), with_sentence_logits=True)
-    loss_sum, sums = token_loss_sums(logits, batch["mlm_target_tokens"], batch["mlm_loss_weights"],
-                                     batch["encoder_segment_ids"], family.loss)
-    nll = -jax.nn.log_softmax(sentence)[jax.numpy.arange(3), batch["sentence_labels"]]
-    return loss_sum + nll.sum() * sums["normalizer"] / 3, sums
-
-  (ours, ours_sums), ours_grads = jax.value_and_grad(
-      lambda p: family.loss_fn(p, batch, None), has_aux=True)(params)
-  (want, want_sums), want_grads = jax.value_and_grad(reference, has_aux=True)(params)
+  ours_fn, reference_fn = _mlm_loss_and_reference(config)
+  (ours, ours_sums), ours_grads = ours_fn(params, batch)
+  (want, want_sums), want_grads = reference_fn(params, batch)
   np.testing.assert_allclose(ours, want, rtol=1e-6)
   for key in ("weight_sum", "correct", "normalizer"):
     np.testing.assert_allclose(ours_sums[key], want_sums[key], rtol=1e-6)
