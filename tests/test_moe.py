@@ -181,14 +181,15 @@ def test_a_training_step_reports_the_router_figures():
            "decoder_target_tokens": rng.integers(2, 53, (2, 5)),
            "decoder_loss_weights": np.ones((2, 5))}
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  loss, sums = jax.jit(family.loss_fn)(params, batch, jax.random.key(0))
+  # One program for the figures and the gradients.
+  (loss, sums), grads = jax.jit(jax.value_and_grad(
+      lambda p: family.loss_fn(p, batch, jax.random.key(0)), has_aux=True))(params)
   metrics = family.metrics(sums, sums["normalizer"])
   loads = [float(metrics[f"expert_load_{e}"]) for e in range(3)]
   assert abs(sum(loads) - 1.0) < 1e-6
   # capacity factor 0.5: ceil(0.5 * 12 / 3) = 2 slots of 3 experts for 12 encoder tokens.
   assert float(metrics["dropped_fraction"]) > 0.3
   assert float(metrics["router_z_loss"]) > 0 and float(metrics["router_aux_loss"]) >= 1.0 - 1e-6
-  grads = jax.jit(jax.grad(lambda p: family.loss_fn(p, batch, jax.random.key(0))[0]))(params)
   router_grad = grads["encoder"]["layers_1"]["mlp"]["router"]
   assert float(jnp.abs(router_grad).sum()) > 0  # the router learns from the losses
 
@@ -262,11 +263,11 @@ def test_expert_dropout_and_jitter_act_in_training_only():
            "decoder_target_tokens": rng.integers(2, 53, (2, 4))}
   batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
   losses = {}
+  params = family_of(tiny()).init_params(5)
   for name, settings in (("plain", {}), ("expert_dropout", dict(expert_dropout=0.5)),
                          ("jitter", dict(jitter_noise=0.5))):
     # Training's capacity factor as evaluation's, so that only dropout and jitter differ.
     family = family_of(tiny(capacity_factor=2.0, **settings))
-    params = family_of(tiny()).init_params(5)
     loss = jax.jit(lambda p, r, f=family: f.loss_fn(p, batch, r)[0])
     losses[name] = (float(jax.jit(lambda p, f=family: f.loss_fn(p, batch, None)[0])(params)),
                     float(loss(params, jax.random.key(1))))
