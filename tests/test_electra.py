@@ -249,7 +249,8 @@ def test_the_loss_and_metrics_equal_a_numpy_rederivation_from_hf_outputs(length,
 def test_no_gradient_flows_through_the_sample_but_both_losses_train_the_shared_tables():
   """The generator's own params get the same gradient whatever the discriminator's weight
   (its sample is data); the shared word embeddings get the discriminator's too."""
-  config = pair_config(dropout_rate=0.0)
+  # One layer: the sample's stop-gradient and the shared tables are outside the layers.
+  config = pair_config(dropout_rate=0.0, num_encoder_layers=1)
   params = family_of(config).init_params(1)
   batch = masked_batch(2, 16, 3, 7)
 
