@@ -1,5 +1,6 @@
 """Train step: learning, gradient accumulation == one big batch, non-finite skip, dropout rng,
-scanned == unrolled. Tiny T5 (vocab 128, width 32, 2 + 2 layers), a batch of 8."""
+scanned == unrolled. Tiny T5 (vocab 128, width 32, 1 + 1 layers; 2 + 2 where layers are
+scanned), a batch of 8."""
 from __future__ import annotations
 
 import functools
@@ -20,7 +21,10 @@ from t5lite.train.step import StepConfig, new_window, train_step, windowed_train
 from t5lite.train.train_state import TrainState
 
 BATCH, INPUT_LEN, TARGET_LEN = 8, 12, 8
-CONFIG = tiny()
+# One layer a stack: each test compiles its own step from a cold cache. The scanned test
+# needs a stack of layers to scan: 2 + 2.
+CONFIG = tiny(num_encoder_layers=1, num_decoder_layers=1)
+STACKED = tiny()
 ADAMW = optax.adamw(3e-3)
 # Uneven loss weights: row r has r real targets (row 0 none), so with strided microbatches
 # (rows i, i + M, ...) every microbatch holds a different number of real tokens.
@@ -42,8 +46,8 @@ def _batch(seed: int = 0) -> dict[str, jax.Array]:
 
 
 @functools.lru_cache(maxsize=None)
-def _params():
-  return init_params(CONFIG, 0)
+def _params(config=CONFIG):
+  return init_params(config, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,7 +142,7 @@ def test_window_freezes_the_state_after_a_nonfinite_step_in_stop_mode(mode):
 
 
 def test_dropout_rng_is_reproducible_and_per_step():
-  config = tiny(dropout_rate=0.1)
+  config = CONFIG.replace(dropout_rate=0.1)
   step = _step_fn(config, ADAMW, StepConfig())
   state = TrainState.create(_params(), ADAMW)  # dropout does not change the params
   batch = _batch()
@@ -154,10 +158,10 @@ def test_scanned_step_equals_unrolled():
   # lr * sign(grad), which turns float-rounding differences of tiny gradients into sign flips.
   opt_config = OptimizerConfig(schedule=ScheduleConfig("constant", 0.01, warmup_steps=0),
                                min_dim_size_to_factor=8)
-  scanned_config = CONFIG.replace(scan_layers=True)
-  params = _params()
+  scanned_config = STACKED.replace(scan_layers=True)
+  params = _params(STACKED)
   outs = []
-  for config, p in ((CONFIG, params), (scanned_config, scan_params(params, scanned_config))):
+  for config, p in ((STACKED, params), (scanned_config, scan_params(params, scanned_config))):
     tx = make_optimizer(opt_config, param_logical_axes(config))
     p = jax.tree.map(jnp.asarray, p)
     outs.append(_step_fn(config, tx, StepConfig())(TrainState.create(p, tx), _batch()))
