@@ -1,11 +1,20 @@
 """`t5lite bench gpu`: refused off a GPU with one line, every phase end to end on a tiny model
 with --dry_run (the CPU's share of the GPU check), and the largest-batch arithmetic."""
+import functools
 import json
 
 import pytest
 
 from t5lite import cli
-from t5lite.bench import gpu
+from t5lite.bench import gpu, machine
+
+
+@pytest.fixture
+def quick_matmul_rate(monkeypatch):
+  """The bench's matmul-rate probe (machine.matmul_flops_per_s) timed over its fewest calls
+  rather than 2 s of them: the tests check how its figures relate, not the rate itself."""
+  monkeypatch.setattr(machine, "matmul_flops_per_s",
+                      functools.partial(machine.matmul_flops_per_s, seconds=0.0))
 
 
 def test_off_a_gpu_it_refuses_with_one_line_and_exit_2(capsys):
@@ -34,7 +43,8 @@ def test_largest_batch_fills_the_limit_by_the_measured_bytes_per_row():
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_dry_run_runs_every_phase_and_keeps_a_report_after_each(tmp_path, capsys):
+def test_dry_run_runs_every_phase_and_keeps_a_report_after_each(tmp_path, capsys,
+                                                                quick_matmul_rate):
   report_path = tmp_path / "report.json"
   assert gpu.main(["--dry_run", "--report", str(report_path)]) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
