@@ -1,4 +1,5 @@
 """Model behaviour: shapes, masks and packing, scan vs unrolled, causality, dropout, sizes."""
+import functools
 import re
 
 import flax.linen as nn
@@ -149,6 +150,23 @@ def test_encoder_padding_mask_comes_from_tokens_when_segments_are_omitted():
   np.testing.assert_allclose(np.asarray(long), np.asarray(short), atol=1e-5, rtol=1e-5)
 
 
+def _scan_loss(config):
+  """The jitted value and gradients of a fixed function of the model's output."""
+  model = make_model(config)
+  tokens = random_tokens((2, 10))
+  inputs = inputs_for(config, tokens, targets=tokens[:, :6])
+  return jax.jit(jax.value_and_grad(
+      lambda p: jnp.sum(model.apply({"params": p}, **inputs) ** 2) / 1e4))
+
+
+@functools.lru_cache(maxsize=None)
+def _unrolled_value_and_grads(name):
+  """The unrolled model's side of the scan comparison: the same for every remat policy (which
+  only the scanned model has), so compiled and run once per variant."""
+  config = VARIANTS[name]
+  return _scan_loss(config)(init_params(config, 3))
+
+
 # The remat policies change what is saved, not the values: `make test-fast` checks "none".
 @pytest.mark.parametrize("name", ["t5_v1_1", "decoder_only_rope_swiglu", "encoder_only_learned"])
 @pytest.mark.parametrize("remat", ["none", pytest.param("full", marks=pytest.mark.slow),
@@ -160,16 +178,8 @@ def test_scan_matches_unrolled_values_and_gradients(name, remat):
   stacked = scan_params(params, scanned)
   assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
       abstract_params(scanned))
-  tokens = random_tokens((2, 10))
-  inputs = inputs_for(config, tokens, targets=tokens[:, :6])
-
-  def loss(cfg):
-    model = make_model(cfg)
-    return jax.jit(jax.value_and_grad(
-        lambda p: jnp.sum(model.apply({"params": p}, **inputs) ** 2) / 1e4))
-
-  value, grads = loss(config)(params)
-  scan_value, scan_grads = loss(scanned)(stacked)
+  value, grads = _unrolled_value_and_grads(name)
+  scan_value, scan_grads = _scan_loss(scanned)(stacked)
   np.testing.assert_allclose(scan_value, value, rtol=1e-5)
   flat = jax.tree_util.tree_leaves_with_path(grads)
   scan_flat = dict(jax.tree_util.tree_leaves_with_path(unscan_params(scan_grads)))
