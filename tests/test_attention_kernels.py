@@ -131,8 +131,20 @@ def pallas_interpreted_on_cpu(monkeypatch):
     yield calls
 
 
+# Fewer layers for the model-level tests: each layer's attention runs the same kernel
+# (compiled, or in Pallas's interpreter, once per call site), so one layer of a stack covers
+# it. The relative-bias encoder and prefix LM keep two layers: the first layer's bias is
+# shared with the second, whose gradient flows back into it.
+SMALLER = {"t5_relative_bias": dict(num_decoder_layers=1),
+           "t5_v1_0": dict(num_decoder_layers=1),
+           "prefix_lm": {},
+           "llama_rope_gqa": dict(num_decoder_layers=1),
+           "bert_learned": dict(num_encoder_layers=1),
+           "gpt2_learned": dict(num_decoder_layers=1)}
+
+
 def _compare(name, dtype, implementation="auto"):
-  config = VARIANTS[name].replace(dtype=dtype)
+  config = VARIANTS[name].replace(dtype=dtype, **SMALLER[name])
   params = init_params(config, 0)
   inputs = packed_inputs(config)
   fused_out, fused_grads = output_and_gradients(
@@ -189,7 +201,8 @@ def test_pallas_kernel_runs_per_shard_under_a_mesh(monkeypatch):
 
   monkeypatch.setattr(tpu_flash, "flash_attention", reference)
   monkeypatch.setattr(attention_kernels, "platform_attention", attention_kernels.pallas_attention)
-  config = VARIANTS["t5_relative_bias"].replace(attention_implementation="pallas")
+  config = VARIANTS["t5_relative_bias"].replace(attention_implementation="pallas",
+                                                **SMALLER["t5_relative_bias"])
   params = init_params(config, 0)
   inputs = {k: np.concatenate([v, v[:1]]) for k, v in packed_inputs(config).items()}  # 4 rows
   apply = lambda p, x: make_model(config).apply({"params": p}, **x)  # noqa: E731
@@ -252,7 +265,7 @@ def test_cudnn_equals_xla_in_bfloat16_on_a_gpu(name):
 def test_decoding_with_the_fused_path_gives_the_xla_paths_tokens(name, fused_wiring_on_cpu):
   """Greedy decoding: the encoder or prefill is fused (6 tokens: an encoder's input, or BOS
   and a prompt of 5 over 6 + 6 cache slots); the single-query steps fall back (odd length)."""
-  config = VARIANTS[name]
+  config = VARIANTS[name].replace(**SMALLER[name])
   params = init_params(config, 1)
   width = 6 if config.has_encoder else 5
   prompts = np.random.RandomState(2).randint(3, 128, (2, width)).astype(np.int32)
