@@ -19,7 +19,7 @@ from t5lite.data.vocab import vocabularies
 from t5lite.interop.hf import checkpoints as hf
 from t5lite.interop.hf import tokenizer as hf_tokenizer
 from t5lite.interop import params_only
-from t5lite.models.params import init_params
+from t5lite.models.params import abstract_params, init_params
 from t5lite.runtime import model_dir, partitioning
 from t5lite.train.trainer import train
 import train_tasks
@@ -223,9 +223,15 @@ def test_exports_never_write_into_a_non_empty_folder(trained, tmp_path, capsys):
   assert "hf" in capsys.readouterr().err
 
 
+def zero_params(config):
+  """Zeros of the params' shapes, for tests of layouts and files rather than of numbers: no
+  init program to compile."""
+  return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_params(config))
+
+
 def test_variants_without_an_hf_layout_are_refused_by_name(tmp_path, capsys):
   config = tiny(vocab_size=384, position_encoding="rope")
-  params_only.write_model_dir(tmp_path / "run", config, init_params(config, 0), step=1,
+  params_only.write_model_dir(tmp_path / "run", config, zero_params(config), step=1,
                               vocabulary=None)
   with pytest.warns(UserWarning, match="no vocabulary"):
     assert cli.main(["export", "hf", "--checkpoint", str(tmp_path / "run"),
@@ -237,7 +243,7 @@ def test_variants_without_an_hf_layout_are_refused_by_name(tmp_path, capsys):
 def test_untrusted_or_damaged_weight_files_are_refused_naming_the_file(tmp_path):
   config = tiny(vocab_size=384)
   source = tmp_path / "hf"
-  hf.save_hf(config, jax.device_get(init_params(config, 1)), str(source))
+  hf.save_hf(config, zero_params(config), str(source))
   weights = source / "model.safetensors"
   # Truncated: the error names the file.
   data = weights.read_bytes()
@@ -275,7 +281,7 @@ class Exploit:
 def test_import_hf_carries_the_sentencepiece_vocabulary(tmp_path):
   config = tiny(vocab_size=416)  # 400 pieces + 7 extra ids fit, as T5's 32,100 in 32,128 rows
   source = tmp_path / "hf"
-  hf.save_hf(config, jax.device_get(init_params(config, 2)), str(source))
+  hf.save_hf(config, zero_params(config), str(source))
   vocab = vocabularies.load_vocabulary(train_tasks_spiece_dir(tmp_path))
   hf_tokenizer.write_hf_tokenizer(vocab, str(source))
   run("import", "hf", "--from", str(source), "--out", str(tmp_path / "imported"))
@@ -296,7 +302,7 @@ def test_import_hf_carries_the_sentencepiece_vocabulary(tmp_path):
 def _hf_dir_with(folder, vocab_size, vocab):
   """An HF folder of a tiny T5 with `vocab_size` embedding rows and `vocab`'s tokenizer."""
   config = tiny(vocab_size=vocab_size)
-  hf.save_hf(config, jax.device_get(init_params(config, 2)), str(folder))
+  hf.save_hf(config, zero_params(config), str(folder))
   hf_tokenizer.write_hf_tokenizer(vocab, str(folder))
   return folder
 
