@@ -16,6 +16,7 @@ from t5lite.data.registry import TaskRegistry
 from t5lite.eval import metrics, run
 from t5lite.eval.evaluator import DecodeConfig
 from t5lite.models.decoding import search as decoding
+from t5lite.runtime import partitioning as part
 from t5lite.runtime.model_dir import load_params
 from t5lite.train.trainer import train
 
@@ -55,11 +56,14 @@ def test_eval_writes_metrics_and_predictions(model_dir, capsys):
   assert len(records) == 10
   assert records[0]["inputs"] == train_tasks.documents(64, 1)[0]["text"]
   # The predictions are the model's own greedy decodes, and the scores its log-likelihoods.
-  model_config, params, _ = load_params(model_dir)
-  first = np.zeros((1, 64), np.int32)
+  # Decoded as eval lays the model out, in a batch of eval's size: its compiled program.
+  mesh, rules = part.make_mesh(part.MeshConfig()), part.logical_axis_rules()
+  model_config, params, _ = load_params(model_dir, mesh, rules)
+  first = np.zeros((4, 64), np.int32)
   ids = np.append(train_tasks.VOCAB.encode(records[0]["inputs"])[:63], 1)
   first[0, :len(ids)] = ids
-  tokens = decoding.generate(model_config, params, first, max_decode_length=16)
+  with part.activate(mesh, rules):
+    tokens = decoding.generate(model_config, params, first, max_decode_length=16)
   assert records[0]["prediction"] == train_tasks.VOCAB.decode(tokens[0].tolist())
   assert saved["eval/train_test_copy/mean_log_likelihood"] == pytest.approx(
       np.mean([r["score"] for r in records]))
