@@ -86,9 +86,10 @@ def test_cached_logits_equal_full_recomputation(model):
 def test_score_is_the_full_forward_log_likelihood(model):
   config, params = model
   inputs = prompts(2)
-  targets = np.random.RandomState(3).randint(2, 128, (3, 6))
+  # MAX long, as elsewhere here: the score and the reference reuse programs compiled for it.
+  targets = np.random.RandomState(3).randint(2, 128, (3, MAX))
   targets[:, -1] = 1
-  targets[0, 3:] = [1, 0, 0]  # a shorter target: padding is not scored
+  targets[0, 3:] = [1, 0, 0, 0]  # a shorter target: padding is not scored
   log_probs = jax.nn.log_softmax(full_forward_logits(config, params, inputs, targets), -1)
   picked = np.take_along_axis(np.asarray(log_probs), targets[:, :, None], -1)[:, :, 0]
   expected = np.sum(picked * (targets > 0), axis=1)
@@ -114,16 +115,18 @@ def test_decoding_methods_contracts():
 
 
 def test_rows_decode_as_they_would_alone(model):
-  """Rows of different prompt lengths in one batch give what each gives in a batch of one;
+  """Rows of different prompt lengths in one batch give what each gives alone (in a batch of
+  copies of itself: no other row there, and the batch's shape, so its compiled program);
   and each greedy token is the argmax of the cached logits that teacher forcing sees."""
   config, params = model
   inputs = prompts(5)
   for method in ("greedy", "beam"):
     batch = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
     for row in range(len(inputs)):
+      alone = np.repeat(inputs[row:row + 1], len(inputs), 0)
       np.testing.assert_array_equal(t5lite.generate(
-          config, params, inputs[row:row + 1], max_decode_length=MAX, method=method),
-          batch[row:row + 1])
+          config, params, alone, max_decode_length=MAX, method=method),
+          np.repeat(batch[row:row + 1], len(inputs), 0))
     if method == "greedy":
       logits = decoding.teacher_forced_logits(config, params, inputs, batch)
       np.testing.assert_array_equal(np.argmax(logits, -1), batch)
@@ -174,15 +177,36 @@ def test_beam_search_keeps_finished_hypotheses_and_scores_them():
   seqs, scores = np.asarray(seqs), np.asarray(scores)
   assert np.all(np.diff(scores, axis=1) <= 0)  # best first
   # Finished hypotheses' scores are their log-likelihoods over T5X's length penalty.
-  for b in range(len(inputs)):
-    for k in range(3):
+  # Scored a whole batch at a time: the (3, MAX) score program other tests compile too.
+  finished = 0
+  for k in range(3):
+    lls = decoding.score(config, eos_params, inputs, seqs[:, k])
+    for b in range(len(inputs)):
       if 1 in seqs[b, k]:
         length = int(np.flatnonzero(seqs[b, k] == 1)[0]) + 1
-        ll = decoding.score(config, eos_params, inputs[b:b + 1], seqs[b:b + 1, k])[0]
-        np.testing.assert_allclose(scores[b, k], ll / ((5 + length) / 6) ** 0.6, rtol=1e-4)
+        np.testing.assert_allclose(scores[b, k], lls[b] / ((5 + length) / 6) ** 0.6, rtol=1e-4)
+        finished += 1
+  assert finished  # the swapped-in EOS ended some hypotheses: their scores were checked
   assert np.array_equal(seqs[:, 0], t5lite.generate(config, eos_params, inputs,
                                                     max_decode_length=MAX, method="beam",
                                                     num_beams=3))
+
+
+@pytest.fixture
+def unscan_only_under_jit(monkeypatch):
+  """decoding's unscan_params, failing when it gets concrete arrays (a second copy of every
+  layer, made outside jit); yields its calls. The test that uses it is the first here to
+  decode a scanned config: its programs are traced with the stand-in in place."""
+  calls = []
+
+  def traced_only(params):
+    leaves = jax.tree_util.tree_leaves(params)
+    assert all(isinstance(leaf, jax.core.Tracer) for leaf in leaves), "sliced outside jit"
+    calls.append(len(leaves))
+    return unscan_params(params)
+
+  monkeypatch.setattr(decoding, "unscan_params", traced_only)
+  yield calls
 
 
 def scanned(config, params):
@@ -191,7 +215,9 @@ def scanned(config, params):
   return config, scan_params(params, config)
 
 
-def test_scanned_params_decode_and_score_exactly_the_same(model):
+def test_scanned_params_decode_and_score_exactly_the_same(model, unscan_only_under_jit):
+  """Decoding, scoring and teacher forcing of stacked layers; and the stacks are sliced only
+  inside jit."""
   config, params = model
   scanned_model = scanned(config, params)
   inputs = prompts(8)
@@ -203,6 +229,7 @@ def test_scanned_params_decode_and_score_exactly_the_same(model):
                                 decoding.score(config, params, inputs, out))
   np.testing.assert_array_equal(decoding.teacher_forced_logits(*scanned_model, inputs, out),
                                 decoding.teacher_forced_logits(config, params, inputs, out))
+  assert unscan_only_under_jit  # the stand-in was used: it saw the stacks, as tracers
 
 
 def test_decoding_holds_no_copy_of_the_scanned_layers():
@@ -260,10 +287,11 @@ def reference_beam_search(config, params, inputs, beams, max_len, alpha):
   for b, x in enumerate(inputs):
     live, finished = [(0.0, ())], []  # (log-probability, tokens), (score, tokens)
     for i in range(max_len):
-      dec = np.zeros((len(live), max_len), np.int32)  # start token 0, then the beam's tokens
+      # Always `beams` rows (unused ones all start tokens): one shape, one compiled forward.
+      dec = np.zeros((beams, max_len), np.int32)  # start token 0, then the beam's tokens
       for k, (_, tokens) in enumerate(live):
         dec[k, 1:i + 1] = tokens
-      logits = np.asarray(apply(np.repeat(x[None], len(live), 0), dec))[:, i]
+      logits = np.asarray(apply(np.repeat(x[None], beams, 0), dec))[:len(live), i]
       log_probs = np.asarray(jax.nn.log_softmax(logits, -1))
       candidates = sorted(((lp + log_probs[k, v], tokens + (v,))
                            for k, (lp, tokens) in enumerate(live)
@@ -326,37 +354,3 @@ def test_top_k_by_blocks_equals_lax_top_k_with_ties(shape, k):
     expected_values, expected_index = jax.lax.top_k(x, k)
     np.testing.assert_array_equal(values, expected_values)
     np.testing.assert_array_equal(index, expected_index)
-
-
-# Last in the module: its fixture empties decoding's caches of jitted programs, which every
-# test before it shares (the same configs and shapes compile once).
-@pytest.fixture
-def unscan_only_under_jit(monkeypatch):
-  """decoding's unscan_params, failing when it gets concrete arrays (a second copy of every
-  layer, made outside jit); yields its calls. Programs are traced afresh, before and after."""
-  calls = []
-
-  def traced_only(params):
-    leaves = jax.tree_util.tree_leaves(params)
-    assert all(isinstance(leaf, jax.core.Tracer) for leaf in leaves), "sliced outside jit"
-    calls.append(len(leaves))
-    return unscan_params(params)
-
-  cached = (decoding.jitted_generate, decoding._jitted_score, decoding._jitted_teacher_forced)
-  for fn in cached:
-    fn.cache_clear()
-  monkeypatch.setattr(decoding, "unscan_params", traced_only)
-  yield calls
-  for fn in cached:
-    fn.cache_clear()
-
-
-def test_scanned_layers_are_sliced_only_inside_jit(unscan_only_under_jit):
-  config = CONFIGS["enc_dec_relative_bias"]
-  config, params = scanned(config, init_params(config, 4))
-  inputs = prompts(12)
-  for method in ("greedy", "beam"):
-    out = t5lite.generate(config, params, inputs, max_decode_length=MAX, method=method)
-  decoding.score(config, params, inputs, out)
-  decoding.teacher_forced_logits(config, params, inputs, out)
-  assert unscan_only_under_jit  # the stand-in was used: it saw the stacks, as tracers
