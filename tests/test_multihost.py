@@ -496,36 +496,31 @@ def test_a_model_dir_url_of_another_scheme_than_a_bucket_is_refused_before_anyth
 
 # --- a lost process -------------------------------------------------------------------------
 
-HEARTBEAT = 10  # seconds: --heartbeat_timeout of these jobs
+HEARTBEAT = 10  # seconds: --heartbeat_timeout of these jobs (the survivor waits it out)
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-@pytest.mark.parametrize("victim", [1, 0])
-def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_file, tmp_path,
-                                                                         victim):
-  """SIGKILL to one process of two mid-training: the other exits 43 with one t5lite line
-  naming it, within the heartbeat timeout (and some seconds), never by JAX's abort; process 0
-  included, whose host runs the coordination service. A rerun on the same port resumes."""
-  model_dir, port = tmp_path / "run", free_port()
-  argv = train_argv(gin_file, model_dir, "--gin.EVAL_PERIOD=1000",
-                    f"--heartbeat_timeout={HEARTBEAT}")
-  processes = job(argv + ["--gin.TRAIN_STEPS=1000"], 2, 2, tmp_path, port=port)
+def lose_a_process(processes, victim, logs, model_dir, committed_past):
+  """Waits until the job has committed a checkpoint past step `committed_past` and logged a
+  step after that checkpoint (it is training on), SIGKILLs process `victim`, and checks the
+  survivor's one line and exit 43; returns the newest committed step."""
   deadline = time.time() + 240
-  while not ((model_dir / "metrics.jsonl").exists()
-              and max(logged_losses(model_dir), default=0) >= 6
-              and ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()):
+  while True:
+    newest = ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step() or 0
+    if (newest > committed_past and (model_dir / "metrics.jsonl").exists()
+        and max(logged_losses(model_dir), default=0) > newest):
+      break
     if time.time() > deadline or any(p.poll() is not None for p in processes):
       for p in processes:
         p.kill()
-      pytest.fail("the job ended or stalled before step 6 and a committed checkpoint")
+      pytest.fail(f"the job ended or stalled before a committed checkpoint past step "
+                  f"{committed_past} and a step after it")
     time.sleep(0.1)
   processes[victim].kill()
   killed = time.time()
   survivor = processes[1 - victim]
   code = survivor.wait(timeout=HEARTBEAT + 60)
   seconds = time.time() - killed
-  log = (tmp_path / f"process{1 - victim}.log").read_text()
+  log = (logs / f"process{1 - victim}.log").read_text()
   assert code == peers.LOST_PROCESS_EXIT_CODE, log[-3000:]
   assert seconds < HEARTBEAT + 3 * peers.POLL_SECONDS + 5, seconds
   errors = [line for line in log.splitlines() if "error" in line.lower()]
@@ -535,13 +530,39 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_fil
                     "checkpoint"], errors
   assert "Traceback" not in log and "Check failure" not in log and "SIGABRT" not in log
   processes[victim].wait()
-  newest = ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()
+  return ckpt_lib.Checkpointer(model_dir, read_only=True).latest_step()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_lost_process_ends_the_other_in_one_line_and_the_rerun_resumes(gin_file, tmp_path):
+  """SIGKILL to one process of two mid-training: the other exits 43 with one t5lite line
+  naming it, within the heartbeat timeout (and some seconds), never by JAX's abort; process 0
+  included, whose host runs the coordination service. A rerun on the same port resumes.
+
+  One chain of jobs covers both victims: process 1 is lost in the first job, process 0 in
+  the rerun (once it has resumed and committed a checkpoint of its own), and a second rerun
+  resumes from that one and finishes."""
+  model_dir, port = tmp_path / "run", free_port()
+  # No evals: the last step would otherwise compile and run one, which nothing here reads.
+  argv = train_argv(gin_file, model_dir, "--gin.EVAL_PERIOD=0",
+                    f"--heartbeat_timeout={HEARTBEAT}")
+  (tmp_path / "first").mkdir()
+  processes = job(argv + ["--gin.TRAIN_STEPS=1000"], 2, 2, tmp_path / "first", port=port)
+  newest = lose_a_process(processes, 1, tmp_path / "first", model_dir, committed_past=0)
   (tmp_path / "rerun").mkdir()
-  rerun = job(argv + [f"--gin.TRAIN_STEPS={newest + 2}"], 2, 2, tmp_path / "rerun", port=port)
-  for code, out in finish(rerun, tmp_path / "rerun"):
-    assert code == 0, out[-3000:]
+  processes = job(argv + ["--gin.TRAIN_STEPS=1000"], 2, 2, tmp_path / "rerun", port=port)
+  newer = lose_a_process(processes, 0, tmp_path / "rerun", model_dir,
+                         committed_past=newest)
   assert f"resuming from step {newest}" in (tmp_path / "rerun" / "process0.log").read_text()
-  assert max(logged_losses(model_dir)) == newest + 2
+  # Past every step logged so far (the lost jobs logged steps after their newest checkpoint).
+  last = max(logged_losses(model_dir)) + 2
+  (tmp_path / "again").mkdir()
+  rerun = job(argv + [f"--gin.TRAIN_STEPS={last}"], 2, 2, tmp_path / "again", port=port)
+  for code, out in finish(rerun, tmp_path / "again"):
+    assert code == 0, out[-3000:]
+  assert f"resuming from step {newer}" in (tmp_path / "again" / "process0.log").read_text()
+  assert max(logged_losses(model_dir)) == last
 
 
 def test_a_coordinator_port_another_program_listens_on_is_refused_not_joined():
