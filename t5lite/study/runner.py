@@ -59,11 +59,12 @@ def pretraining_plan(study: Study, scale: Scale) -> dict[str, dict]:
 
 def schedule(steps: int, start: int = 0) -> list[str]:
   """Linear warmup over 10% of the steps, then linear decay to 0, whatever the length; one
-  eval at the end; checkpoints every quarter (an interrupted run resumes from one)."""
+  eval at the end; checkpoints every quarter (an interrupted run resumes from one), at least 4
+  steps apart (a smoke run of a few steps would otherwise save at every one)."""
   warmup = max(1, steps // 10)
   return [f"TRAIN_STEPS={start + steps}", f"ScheduleConfig.warmup_steps={warmup}",
           f"ScheduleConfig.decay_steps={max(1, steps - warmup)}", f"EVAL_PERIOD={start + steps}",
-          f"CheckpointConfig.period={max(1, steps // 4)}", "CheckpointConfig.keep_period=None"]
+          f"CheckpointConfig.period={max(4, steps // 4)}", "CheckpointConfig.keep_period=None"]
 
 
 def run_t5lite(argv: list[str], log_path: str, say) -> None:
