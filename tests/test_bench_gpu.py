@@ -1,20 +1,12 @@
 """`t5lite bench gpu`: refused off a GPU with one line, every phase end to end on a tiny model
 with --dry_run (the CPU's share of the GPU check), and the largest-batch arithmetic."""
-import functools
 import json
 
 import pytest
 
 from t5lite import cli
-from t5lite.bench import gpu, machine
+from t5lite.bench import gpu
 
-
-@pytest.fixture
-def quick_matmul_rate(monkeypatch):
-  """The bench's matmul-rate probe (machine.matmul_flops_per_s) timed over its fewest calls
-  rather than 2 s of them: the tests check how its figures relate, not the rate itself."""
-  monkeypatch.setattr(machine, "matmul_flops_per_s",
-                      functools.partial(machine.matmul_flops_per_s, seconds=0.0))
 
 
 def test_off_a_gpu_it_refuses_with_one_line_and_exit_2(capsys):

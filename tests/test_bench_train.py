@@ -4,13 +4,12 @@ Both sides start from the same weights (t5lite's init through the HF export), so
 examples their first losses agree; in pretrain mode (the same batch every step) the second
 loss agrees too, which checks that both AdamW updates are the same.
 """
-import functools
 import json
 
 import numpy as np
 import pytest
 
-from t5lite.bench import hf_t5_train, machine, train as bench, train_batches
+from t5lite.bench import hf_t5_train, train as bench, train_batches
 
 KEYS = ("bench", "mode", "ratio_vs_hf", "t5lite_tokens_per_s", "hf_tokens_per_s", "t5lite_step_s",
         "hf_step_s", "t5lite_compile_s", "step_peak_rss_mb", "process_max_rss_mb", "step0_loss",
@@ -19,13 +18,6 @@ KEYS = ("bench", "mode", "ratio_vs_hf", "t5lite_tokens_per_s", "hf_tokens_per_s"
 TINY_ARGS = ["--model", "tiny", "--batch_size", "2", "--inputs_length", "32",
              "--targets_length", "8", "--steps", "2", "--repeats", "1"]
 
-
-@pytest.fixture
-def quick_matmul_rate(monkeypatch):
-  """The bench's matmul-rate probe (machine.matmul_flops_per_s) timed over its fewest calls
-  rather than 2 s of them: the tests check how its figures relate, not the rate itself."""
-  monkeypatch.setattr(machine, "matmul_flops_per_s",
-                      functools.partial(machine.matmul_flops_per_s, seconds=0.0))
 
 
 @pytest.mark.e2e

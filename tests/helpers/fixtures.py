@@ -1,5 +1,6 @@
 """Shared fixtures (a pytest plugin: conftest.py names it in pytest_plugins). Test modules
 ask for them by name and never import them."""
+import functools
 import os
 import pathlib
 import shutil
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from helpers import runs
+from t5lite.bench import machine
 from helpers.paths import TESTS
 
 
@@ -74,3 +76,13 @@ def cli_processes():
   from helpers import cli
   yield
   cli.kill_leftovers()
+
+
+# --- benches -------------------------------------------------------------------------------
+
+@pytest.fixture
+def quick_matmul_rate(monkeypatch):
+  """The bench's matmul-rate probe (machine.matmul_flops_per_s) timed over its fewest calls
+  rather than 2 s of them: the tests check how its figures relate, not the rate itself."""
+  monkeypatch.setattr(machine, "matmul_flops_per_s",
+                      functools.partial(machine.matmul_flops_per_s, seconds=0.0))
