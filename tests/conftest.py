@@ -68,6 +68,7 @@ TIERS = ("unit", "parity", "e2e")
 
 
 def pytest_configure(config):
+  _check_loadgroup_groups(config)
   config.addinivalue_line(
       "markers", "unit: the default tier: in-process, no torch/transformers/peft; "
       "`make test-fast` runs those not also marked slow")
@@ -79,6 +80,20 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: expensive (every e2e test, and the large variants of unit and parity "
       "tests); `make test-fast` deselects them")
+
+
+def _check_loadgroup_groups(config):
+  """pytest 9.2's structured node ids silently turn off pytest-xdist's --dist loadgroup up to
+  xdist 3.8 (pytest-xdist issue 1386: it marks a group by appending @GROUP to a node id,
+  which pytest 9.2 no longer reads): every worker would build every grouped module's
+  fixtures. The run stops instead; the test extra pins a pytest that groups."""
+  import xdist
+  if (config.getoption("dist", None) == "loadgroup" and pytest.version_tuple[:2] >= (9, 2)
+      and tuple(int(p) for p in xdist.__version__.split(".")[:2]) <= (3, 8)):
+    raise pytest.UsageError(
+        f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} does not keep "
+        "an xdist_group on one worker: install the test extra's pytest (pip install -e "
+        "'.[test]', pytest<9.2)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the default tier must be there by then

@@ -26,6 +26,13 @@ def pytest_addoption(parser):
                    "tests/durations.json, merged with the times already there")
 
 
+def unsuffixed_id(nodeid: str) -> str:
+  """nodeid without the `@GROUP` that pytest-xdist's --dist loadgroup appends on its workers
+  (as xdist reads it: an @ after the parameters' closing bracket)."""
+  at = nodeid.rfind("@")
+  return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
 def mark_measured_slow(items) -> int:
   """Adds `slow` to the items recorded over FAST_LIMIT_S; returns how many."""
   if not FILE.exists():
@@ -33,7 +40,8 @@ def mark_measured_slow(items) -> int:
   recorded = json.loads(FILE.read_text(encoding="utf-8"))
   count = 0
   for item in items:
-    if recorded.get(item.nodeid, 0.0) > FAST_LIMIT_S and not item.get_closest_marker("slow"):
+    if (recorded.get(unsuffixed_id(item.nodeid), 0.0) > FAST_LIMIT_S
+        and not item.get_closest_marker("slow")):
       item.add_marker(pytest.mark.slow)
       count += 1
   return count
@@ -44,7 +52,7 @@ _times: dict[str, float] = collections.defaultdict(float)
 
 def pytest_runtest_logreport(report):
   """On the controller (also with pytest-xdist, whose workers send their reports there)."""
-  _times[report.nodeid] += report.duration
+  _times[unsuffixed_id(report.nodeid)] += report.duration
 
 
 def pytest_sessionfinish(session):
