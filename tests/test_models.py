@@ -14,34 +14,42 @@ from t5lite.models import (abstract_params, count_params, init_params, make_mode
                            param_logical_axes)
 from t5lite.models.params import scan_params, unscan_params
 
+
+def one_layer(**changes):
+  """tiny() with one layer a stack: what these checks test is not depth (a stack of layers is
+  what the scan comparison and the mesh constraints test, and they make one)."""
+  return tiny(**{"num_encoder_layers": 1, "num_decoder_layers": 1, **changes})
+
+
 VARIANTS = {
-    "t5_v1_1": tiny(),
-    "t5_v1_0": tiny(mlp_activation="relu", tie_output_embedding=True, scale_logits=True),
-    "enc_dec_sinusoidal_reglu": tiny(position_encoding="sinusoidal", mlp_activation="reglu"),
-    "enc_dec_rope_layernorm": tiny(position_encoding="rope", norm="layer"),
-    "decoder_only_rope_swiglu": tiny(architecture="decoder_only", position_encoding="rope",
-                                     mlp_activation="swiglu"),
-    "decoder_only_prefix_lm": tiny(architecture="decoder_only", prefix_lm=True),
-    "encoder_only_learned": tiny(architecture="encoder_only", position_encoding="learned",
-                                 norm="layer", mlp_activation="gelu", tie_output_embedding=True,
-                                 scale_logits=True, max_position_embeddings=64),
-    "bert_post_norm": tiny(architecture="encoder_only", family="bert", norm="layer",
-                           norm_position="post", use_bias=True, scale_attention=True,
-                           mlp_activation="gelu_exact", position_encoding="learned",
-                           max_position_embeddings=64, type_vocab_size=2, embedding_norm=True,
-                           embedding_size=16, tie_output_embedding=True, pooler=True,
-                           sentence_classes=2),
-    "gpt2_style": tiny(architecture="decoder_only", family="gpt2", norm="layer",
-                       use_bias=True, scale_attention=True, position_encoding="learned",
-                       max_position_embeddings=64, mlp_activation="gelu",
-                       tie_output_embedding=True),
-    "llama_style_gqa": tiny(architecture="decoder_only", family="llama", num_heads=4,
-                            num_key_value_heads=2, position_encoding="rope",
-                            mlp_activation="swiglu", scale_attention=True),
-    "vaswani_post_norm": tiny(norm="layer", norm_position="post", use_bias=True,
-                              scale_attention=True, mlp_activation="relu",
-                              position_encoding="sinusoidal_interleaved", scale_embeddings=True,
-                              tie_output_embedding=True),
+    "t5_v1_1": one_layer(),
+    "t5_v1_0": one_layer(mlp_activation="relu", tie_output_embedding=True, scale_logits=True),
+    "enc_dec_sinusoidal_reglu": one_layer(position_encoding="sinusoidal", mlp_activation="reglu"),
+    "enc_dec_rope_layernorm": one_layer(position_encoding="rope", norm="layer"),
+    "decoder_only_rope_swiglu": one_layer(architecture="decoder_only", position_encoding="rope",
+                                          mlp_activation="swiglu"),
+    "decoder_only_prefix_lm": one_layer(architecture="decoder_only", prefix_lm=True),
+    "encoder_only_learned": one_layer(architecture="encoder_only", position_encoding="learned",
+                                      norm="layer", mlp_activation="gelu",
+                                      tie_output_embedding=True, scale_logits=True,
+                                      max_position_embeddings=64),
+    "bert_post_norm": one_layer(architecture="encoder_only", family="bert", norm="layer",
+                                norm_position="post", use_bias=True, scale_attention=True,
+                                mlp_activation="gelu_exact", position_encoding="learned",
+                                max_position_embeddings=64, type_vocab_size=2, embedding_norm=True,
+                                embedding_size=16, tie_output_embedding=True, pooler=True,
+                                sentence_classes=2),
+    "gpt2_style": one_layer(architecture="decoder_only", family="gpt2", norm="layer",
+                            use_bias=True, scale_attention=True, position_encoding="learned",
+                            max_position_embeddings=64, mlp_activation="gelu",
+                            tie_output_embedding=True),
+    "llama_style_gqa": one_layer(architecture="decoder_only", family="llama", num_heads=4,
+                                 num_key_value_heads=2, position_encoding="rope",
+                                 mlp_activation="swiglu", scale_attention=True),
+    "vaswani_post_norm": one_layer(norm="layer", norm_position="post", use_bias=True,
+                                   scale_attention=True, mlp_activation="relu",
+                                   position_encoding="sinusoidal_interleaved",
+                                   scale_embeddings=True, tie_output_embedding=True),
 }
 
 # The other encoder-decoder options (T5 v1.0's ReLU and tied logits, sinusoidal + ReGLU, RoPE
@@ -51,6 +59,12 @@ FAST_VARIANTS = ("t5_v1_1", "decoder_only_rope_swiglu", "decoder_only_prefix_lm"
                  "encoder_only_learned", "bert_post_norm")
 VARIANT_PARAMS = [name if name in FAST_VARIANTS else pytest.param(name, marks=pytest.mark.slow)
                   for name in sorted(VARIANTS)]
+
+
+def params_for(config, seed):
+  """init_params with an "rbg" key: the same initializers, drawn by XLA's RngBitGenerator,
+  whose init compiles in about a third of threefry's time (the values are not the point)."""
+  return init_params(config, jax.random.key(seed, impl="rbg"))
 
 
 def inputs_for(config, tokens, segments=None, positions=None, targets=None,
@@ -76,7 +90,7 @@ def random_tokens(shape, seed=0, low=3):
 @pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_shapes_and_finite(name):
   config = VARIANTS[name]
-  params = init_params(config, 0)
+  params = params_for(config, 0)
   tokens = random_tokens((2, 12))
   prefix = np.repeat((np.arange(12) < 5)[None], 2, 0).astype(np.int32) if config.prefix_lm else None
   logits = jitted_apply(config)(params, inputs_for(config, tokens, targets=tokens[:, :7],
@@ -96,51 +110,57 @@ def _pack(a, b, pad):
 
 @pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_packed_segments_and_padding_never_leak(name):
-  """Each packed segment's output equals running it alone; pad values change nothing."""
+  """Each packed segment's output equals running it alone; pad values change nothing.
+
+  Two segments of 5 inputs (and 4 targets) each, so that both run alone as the two rows of one
+  unpadded batch: one compiled shape for the two, as the packed row and its noisy copy (pad
+  values changed) are the two rows of the other."""
   config = VARIANTS[name]
   apply = jitted_apply(config)
-  params = init_params(config, 1)
-  a, b = random_tokens((5,), 1), random_tokens((4,), 2)
-  ta, tb = random_tokens((3,), 3), random_tokens((6,), 4)
-  tokens, segments, positions = _pack(a, b, 3)
-  targets, target_segments, target_positions = _pack(ta, tb, 2)
+  params = params_for(config, 1)
+  a, b = random_tokens((5,), 1), random_tokens((5,), 2)
+  ta, tb = random_tokens((4,), 3), random_tokens((4,), 4)
+  tokens, segments, positions = _pack(a, b, 2)
+  targets, target_segments, target_positions = _pack(ta, tb, 3)
   # Prefix LM: each packed segment has its own prefix (first 2 tokens of a, first 3 of b).
-  prefix = np.array([[1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]], np.int32) if config.prefix_lm else None
-  packed = np.asarray(apply(params, inputs_for(
-      config, tokens, segments, positions, targets, target_segments, target_positions, prefix)))
-
-  def alone(x, tx):
-    ones = lambda t: np.ones_like(t[None])
-    own_prefix = None
-    if config.prefix_lm:
-      own_prefix = (np.arange(len(x)) < (2 if len(x) == 5 else 3)).astype(np.int32)[None]
-    return np.asarray(apply(params, inputs_for(config, x[None], ones(x), None, tx[None], ones(tx),
-                                               prefix=own_prefix)))[0]
-
-  if config.architecture == "encoder_decoder":
-    np.testing.assert_allclose(packed[0, :3], alone(a, ta), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(packed[0, 3:9], alone(b, tb), atol=1e-5, rtol=1e-5)
-  else:
-    np.testing.assert_allclose(packed[0, :5], alone(a, ta), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(packed[0, 5:9], alone(b, tb), atol=1e-5, rtol=1e-5)
+  prefix_a, prefix_b = (np.arange(5) < 2).astype(np.int32), (np.arange(5) < 3).astype(np.int32)
+  prefix = (np.concatenate([prefix_a, prefix_b, np.zeros(2, np.int32)])[None]
+            if config.prefix_lm else None)
 
   # Garbage in the padding (tokens and positions) must not move any real output.
   noisy_tokens, noisy_targets = tokens.copy(), targets.copy()
   noisy_positions, noisy_target_positions = positions.copy(), target_positions.copy()
-  noisy_tokens[0, 9:] = [7, 8, 9]
-  noisy_targets[0, 9:] = [10, 11]
-  noisy_positions[0, 9:] = [30, 2, 17]
-  noisy_target_positions[0, 9:] = [5, 40]
-  noisy = np.asarray(apply(params, inputs_for(
-      config, noisy_tokens, segments, noisy_positions, noisy_targets, target_segments,
-      noisy_target_positions, prefix)))
-  real = slice(0, 9)
+  noisy_tokens[0, 10:] = [7, 8]
+  noisy_targets[0, 8:] = [10, 11, 12]
+  noisy_positions[0, 10:] = [30, 17]
+  noisy_target_positions[0, 8:] = [5, 40, 2]
+  two = lambda x, y: np.concatenate([x, y])
+  both = np.asarray(apply(params, inputs_for(
+      config, two(tokens, noisy_tokens), two(segments, segments),
+      two(positions, noisy_positions), two(targets, noisy_targets),
+      two(target_segments, target_segments), two(target_positions, noisy_target_positions),
+      None if prefix is None else two(prefix, prefix))))
+  packed, noisy = both[:1], both[1:]
+
+  ones = np.ones((2, 5), np.int32)
+  alone = np.asarray(apply(params, inputs_for(
+      config, np.stack([a, b]), ones, None, np.stack([ta, tb]), ones[:, :4],
+      prefix=np.stack([prefix_a, prefix_b]) if config.prefix_lm else None)))
+
+  if config.architecture == "encoder_decoder":
+    np.testing.assert_allclose(packed[0, :4], alone[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 4:8], alone[1], atol=1e-5, rtol=1e-5)
+    real = slice(0, 8)
+  else:
+    np.testing.assert_allclose(packed[0, :5], alone[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:10], alone[1], atol=1e-5, rtol=1e-5)
+    real = slice(0, 10)
   np.testing.assert_allclose(noisy[0, real], packed[0, real], atol=1e-6, rtol=1e-6)
 
 
 def test_encoder_padding_mask_comes_from_tokens_when_segments_are_omitted():
   config = VARIANTS["t5_v1_1"]
-  params = init_params(config, 2)
+  params = params_for(config, 2)
   enc = random_tokens((1, 8))
   dec = random_tokens((1, 5), 9)
   padded = np.concatenate([enc, np.zeros((1, 4), np.int32)], axis=1)
@@ -159,22 +179,31 @@ def _scan_loss(config):
       lambda p: jnp.sum(model.apply({"params": p}, **inputs) ** 2) / 1e4))
 
 
+def _two_layers(name):
+  """A variant with a stack of 2 layers (a scan of 1 would not show the stacking)."""
+  return VARIANTS[name].replace(num_encoder_layers=2, num_decoder_layers=2)
+
+
 @functools.lru_cache(maxsize=None)
 def _unrolled_value_and_grads(name):
   """The unrolled model's side of the scan comparison: the same for every remat policy (which
   only the scanned model has), so compiled and run once per variant."""
-  config = VARIANTS[name]
-  return _scan_loss(config)(init_params(config, 3))
+  config = _two_layers(name)
+  return _scan_loss(config)(params_for(config, 3))
 
 
-# The remat policies change what is saved, not the values: `make test-fast` checks "none".
-@pytest.mark.parametrize("name", ["t5_v1_1", "decoder_only_rope_swiglu", "encoder_only_learned"])
-@pytest.mark.parametrize("remat", ["none", pytest.param("full", marks=pytest.mark.slow),
-                                   pytest.param("dots", marks=pytest.mark.slow)])
+# Every family's stack scanned; the remat policies change what is saved, not the values
+# (`make test-fast` checks "none"). A policy wraps each layer class the same way in every
+# stack (transformer.run_layers), so T5's encoder and decoder layers (the decoder-only and
+# encoder-only stacks' classes) are where "full" and "dots" are checked.
+@pytest.mark.parametrize("remat, name", [
+    ("none", "t5_v1_1"), ("none", "decoder_only_rope_swiglu"), ("none", "encoder_only_learned"),
+    pytest.param("full", "t5_v1_1", marks=pytest.mark.slow),
+    pytest.param("dots", "t5_v1_1", marks=pytest.mark.slow)])
 def test_scan_matches_unrolled_values_and_gradients(name, remat):
-  config = VARIANTS[name]
+  config = _two_layers(name)
   scanned = config.replace(scan_layers=True, remat_policy=remat)
-  params = init_params(config, 3)
+  params = params_for(config, 3)
   stacked = scan_params(params, scanned)
   assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
       abstract_params(scanned))
@@ -190,7 +219,7 @@ def test_scan_matches_unrolled_values_and_gradients(name, remat):
 
 def test_decoder_only_is_causal():
   config = VARIANTS["decoder_only_rope_swiglu"]
-  params = init_params(config, 4)
+  params = params_for(config, 4)
   apply = jitted_apply(config)
   tokens = random_tokens((1, 10))
   base = np.asarray(apply(params, {"decoder_input_tokens": tokens}))
@@ -204,7 +233,7 @@ def test_decoder_only_is_causal():
 
 def test_prefix_lm_is_bidirectional_on_the_prefix_only():
   config = VARIANTS["decoder_only_prefix_lm"]
-  params = init_params(config, 5)
+  params = params_for(config, 5)
   apply = jitted_apply(config)
   tokens = random_tokens((1, 10))
   prefix = (np.arange(10) < 4).astype(np.int32)[None]
@@ -221,24 +250,24 @@ def test_prefix_lm_is_bidirectional_on_the_prefix_only():
 
 def test_prefix_lm_flag_and_inputs_must_agree():
   config = VARIANTS["decoder_only_prefix_lm"]
-  params = init_params(config, 0)
+  params = params_for(config, 0)
   with pytest.raises(ValueError, match="needs decoder_causal_attention"):
     make_model(config).apply({"params": params}, random_tokens((1, 4)))
   causal = VARIANTS["decoder_only_rope_swiglu"]
   with pytest.raises(ValueError, match="prefix_lm=False"):
-    make_model(causal).apply({"params": init_params(causal, 0)}, random_tokens((1, 4)),
+    make_model(causal).apply({"params": params_for(causal, 0)}, random_tokens((1, 4)),
                              decoder_causal_attention=np.ones((1, 4), np.int32))
 
 
 def test_learned_positions_reject_too_long_inputs():
   config = VARIANTS["encoder_only_learned"]
   with pytest.raises(ValueError, match="max_position_embeddings=64"):
-    make_model(config).apply({"params": init_params(config, 0)}, random_tokens((1, 65)))
+    make_model(config).apply({"params": params_for(config, 0)}, random_tokens((1, 65)))
 
 
 def test_dropout_is_seeded_and_off_by_default():
-  config = tiny(dropout_rate=0.3)
-  params = init_params(config, 6)
+  config = one_layer(dropout_rate=0.3)
+  params = params_for(config, 6)
   tokens = random_tokens((2, 8))
   inputs = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
   train = jitted_apply(config, enable_dropout=True)
@@ -262,7 +291,7 @@ def test_dropout_is_seeded_and_off_by_default():
 
 def test_bfloat16_activations_stay_close_to_float32():
   config = VARIANTS["t5_v1_1"]
-  params = init_params(config, 7)
+  params = params_for(config, 7)
   tokens = random_tokens((2, 8))
   inputs = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens}
   fp32 = np.asarray(jitted_apply(config)(params, inputs))
@@ -315,11 +344,11 @@ def test_every_param_has_logical_axis_names(name, scan):
 def test_activations_are_constrained_under_a_mesh():
   """With 8 fake devices and rules heads->tensor, batch->data, the lowered forward carries
   sharding constraints on (batch, length, heads, kv) and (batch, length, embed) activations."""
-  config = VARIANTS["t5_v1_1"]
+  config = tiny()  # 2 + 2 layers: the counts below are per layer
   mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
   rules = [("batch", "data"), ("heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor")]
   model = make_model(config)
-  params = init_params(config, 0)
+  params = abstract_params(config)  # lowered, never run: shapes are all it needs
   tokens = jnp.ones((4, 8), jnp.int32)
   forward = lambda p, e, d: model.apply({"params": p}, e, d)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
