@@ -33,39 +33,6 @@ def test_every_preset_plans_its_arms_at_equal_pretraining_flops_or_steps(name):
       assert abs(entry["flops"] - budget) <= one_step / 2 + 1, (scale_name, arm)
 
 
-def _smoke_model(study, arm):
-  """The model config an arm pretrains at smoke scale (its gin, as the run would parse it)."""
-  from t5lite.cli import gin_config
-  scale = study.scale(spec.SMOKE)
-  gin_config.parse([scale.model_file, arm.pretraining.run_file],
-                   [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-                    *arm.pretraining.bindings])
-  return gin_config.model_config()
-
-
-@pytest.mark.parametrize("name", spec.names())
-def test_the_smoke_scale_runs_one_layer_a_stack_but_keeps_what_an_arm_needs(name):
-  """Smoke models are cut to 1 layer a stack; an arm's own layer counts (a teacher of 4, a
-  student of 2) stay, and a Switch arm keeps a routed layer in each stack."""
-  study = spec.get(name)
-  routed = False
-  for arm in study.arms:
-    if not arm.pretraining:
-      continue
-    config = _smoke_model(study, arm)
-    own = [b for b in arm.model_bindings if b.startswith("ModelConfig.num_encoder_layers=")]
-    assert config.num_encoder_layers == (int(own[-1].split("=")[1]) if own
-                                         else study.smoke_layers()), arm.name
-    if config.has_decoder:
-      assert config.num_decoder_layers == study.smoke_layers(), arm.name
-    if config.moe:
-      routed = True
-      for stack, layers in (("encoder", config.num_encoder_layers),
-                            ("decoder", config.num_decoder_layers)):
-        assert config.moe.sparse_layers(stack, layers) == [1], (arm.name, stack)
-  assert study.smoke_layers() == (2 if routed else 1)
-
-
 def test_electra_counts_both_networks_so_the_mlm_gets_more_steps():
   study = spec.get("electra_vs_mlm")
   plan = runner.pretraining_plan(study, study.scale("tiny"))

@@ -13,10 +13,8 @@ printed is one JSON object. Rerunning the same command continues an interrupted 
 reruns no arm-seed already done; a larger --seeds adds seeds.
 
 Scales: `tiny` (the default) fits a 2-core CPU in about 30 minutes a seed; `small` sizes the
-arms as the papers' small models (batch 128) for a GPU or TPU; `smoke` runs tiny's models cut
-to one layer a stack (two where an arm routes every second MLP; an arm's own layer count
-stays) for 6 pretraining and 4 finetuning steps on one task (a check of the plumbing).
-Presets: t5lite/study/presets/.
+arms as the papers' small models (batch 128) for a GPU or TPU; `smoke` runs tiny's models for
+a few steps on one task (a check of the plumbing). Presets: t5lite/study/presets/.
 """
 from __future__ import annotations
 

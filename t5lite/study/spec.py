@@ -10,7 +10,6 @@ for every arm: no arm is tuned alone.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from t5lite.errors import ConfigError
 
@@ -120,46 +119,17 @@ class Study:
     """The arm whose pretraining sets the budget: the first that pretrains."""
     return next(arm for arm in self.arms if arm.pretraining)
 
-  def smoke_layers(self) -> int:
-    """Layers a stack at smoke scale: 1, or 2 where an arm routes every s-th MLP
-    (MoeConfig.*_sparse_step=s >= 2, whose first routed layer is layer 1)."""
-    steps = [int(b.split("=", 1)[1]) for arm in self.arms for b in arm.model_bindings
-             if b.startswith(("MoeConfig.encoder_sparse_step=", "MoeConfig.decoder_sparse_step="))]
-    return 2 if any(step >= 2 for step in steps) else 1
-
   def scale(self, name: str) -> Scale:
-    """One of self.scales, or 'smoke': tiny's models cut to one layer a stack (two where an
-    arm routes every second MLP; an arm's own layer count, such as a distillation's 4-layer
-    teacher and 2-layer student, stays), 6 pretraining and 4 finetuning steps on one downstream
-    task, evaluated on a few batches (seconds a run: a check of the plumbing, not a result)."""
+    """One of self.scales, or 'smoke': tiny's models for a few steps, one downstream task
+    (seconds a run: a check of the plumbing, not a result)."""
     if name == SMOKE and SMOKE not in self.scales:
-      tiny = self.scales["tiny"]
-      layers = self.smoke_layers()
-      # Only the stacks the model has: an encoder-only model's unused num_decoder_layers must
-      # keep its default, which a checkpoint exported to HF and read back also has.
-      stacks = ("encoder", "decoder") if _has_decoder(tiny.model_file, tiny.model_bindings) else (
-          "encoder",)
       return dataclasses.replace(
-          tiny, pretrain_steps=6, finetune_steps=4,
-          downstream=() if self.scored_by_pretraining else DOWNSTREAM[:1],
-          model_bindings=(*tiny.model_bindings,
-                          *[f"ModelConfig.num_{stack}_layers={layers}" for stack in stacks]),
-          pretrain_bindings=(*tiny.pretrain_bindings, "TrainConfig.eval_steps=1"),
-          finetune_bindings=(*tiny.finetune_bindings, "TrainConfig.eval_steps=1",
-                             "TrainConfig.infer_eval_examples=64"))
+          self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
+          downstream=() if self.scored_by_pretraining else DOWNSTREAM[:1])
     if name not in self.scales:
       raise ConfigError(f"study {self.name!r} has no scale {name!r}: choose one of "
                         f"{', '.join([*self.scales, SMOKE])}")
     return self.scales[name]
-
-
-@functools.lru_cache(maxsize=None)
-def _has_decoder(model_file: str, bindings: tuple[str, ...]) -> bool:
-  """Whether a model file (with bindings) has a decoder stack; parses it into gin's config,
-  as every run's plan does (gin_config.parse clears what was there)."""
-  from t5lite.cli import gin_config
-  gin_config.parse([model_file], list(bindings))
-  return gin_config.model_config().has_decoder
 
 
 _STUDIES: dict[str, Study] = {}
