@@ -110,51 +110,46 @@ def _pack(a, b, pad):
 
 @pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_packed_segments_and_padding_never_leak(name):
-  """Each packed segment's output equals running it alone; pad values change nothing.
-
-  Two segments of 5 inputs (and 4 targets) each, so that both run alone as the two rows of one
-  unpadded batch: one compiled shape for the two, as the packed row and its noisy copy (pad
-  values changed) are the two rows of the other."""
+  """Each packed segment's output equals running it alone; pad values change nothing. The
+  segments differ in length (5 and 4 inputs, 3 and 6 targets), as packed rows do."""
   config = VARIANTS[name]
   apply = jitted_apply(config)
   params = params_for(config, 1)
-  a, b = random_tokens((5,), 1), random_tokens((5,), 2)
-  ta, tb = random_tokens((4,), 3), random_tokens((4,), 4)
-  tokens, segments, positions = _pack(a, b, 2)
-  targets, target_segments, target_positions = _pack(ta, tb, 3)
+  a, b = random_tokens((5,), 1), random_tokens((4,), 2)
+  ta, tb = random_tokens((3,), 3), random_tokens((6,), 4)
+  tokens, segments, positions = _pack(a, b, 3)
+  targets, target_segments, target_positions = _pack(ta, tb, 2)
   # Prefix LM: each packed segment has its own prefix (first 2 tokens of a, first 3 of b).
-  prefix_a, prefix_b = (np.arange(5) < 2).astype(np.int32), (np.arange(5) < 3).astype(np.int32)
-  prefix = (np.concatenate([prefix_a, prefix_b, np.zeros(2, np.int32)])[None]
-            if config.prefix_lm else None)
+  prefix = np.array([[1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]], np.int32) if config.prefix_lm else None
+  packed = np.asarray(apply(params, inputs_for(
+      config, tokens, segments, positions, targets, target_segments, target_positions, prefix)))
+
+  def alone(x, tx):
+    ones = lambda t: np.ones_like(t[None])
+    own_prefix = None
+    if config.prefix_lm:
+      own_prefix = (np.arange(len(x)) < (2 if len(x) == 5 else 3)).astype(np.int32)[None]
+    return np.asarray(apply(params, inputs_for(config, x[None], ones(x), None, tx[None], ones(tx),
+                                               prefix=own_prefix)))[0]
+
+  if config.architecture == "encoder_decoder":
+    np.testing.assert_allclose(packed[0, :3], alone(a, ta), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 3:9], alone(b, tb), atol=1e-5, rtol=1e-5)
+  else:
+    np.testing.assert_allclose(packed[0, :5], alone(a, ta), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:9], alone(b, tb), atol=1e-5, rtol=1e-5)
 
   # Garbage in the padding (tokens and positions) must not move any real output.
   noisy_tokens, noisy_targets = tokens.copy(), targets.copy()
   noisy_positions, noisy_target_positions = positions.copy(), target_positions.copy()
-  noisy_tokens[0, 10:] = [7, 8]
-  noisy_targets[0, 8:] = [10, 11, 12]
-  noisy_positions[0, 10:] = [30, 17]
-  noisy_target_positions[0, 8:] = [5, 40, 2]
-  two = lambda x, y: np.concatenate([x, y])
-  both = np.asarray(apply(params, inputs_for(
-      config, two(tokens, noisy_tokens), two(segments, segments),
-      two(positions, noisy_positions), two(targets, noisy_targets),
-      two(target_segments, target_segments), two(target_positions, noisy_target_positions),
-      None if prefix is None else two(prefix, prefix))))
-  packed, noisy = both[:1], both[1:]
-
-  ones = np.ones((2, 5), np.int32)
-  alone = np.asarray(apply(params, inputs_for(
-      config, np.stack([a, b]), ones, None, np.stack([ta, tb]), ones[:, :4],
-      prefix=np.stack([prefix_a, prefix_b]) if config.prefix_lm else None)))
-
-  if config.architecture == "encoder_decoder":
-    np.testing.assert_allclose(packed[0, :4], alone[0], atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(packed[0, 4:8], alone[1], atol=1e-5, rtol=1e-5)
-    real = slice(0, 8)
-  else:
-    np.testing.assert_allclose(packed[0, :5], alone[0], atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(packed[0, 5:10], alone[1], atol=1e-5, rtol=1e-5)
-    real = slice(0, 10)
+  noisy_tokens[0, 9:] = [7, 8, 9]
+  noisy_targets[0, 9:] = [10, 11]
+  noisy_positions[0, 9:] = [30, 2, 17]
+  noisy_target_positions[0, 9:] = [5, 40]
+  noisy = np.asarray(apply(params, inputs_for(
+      config, noisy_tokens, segments, noisy_positions, noisy_targets, target_segments,
+      noisy_target_positions, prefix)))
+  real = slice(0, 9)
   np.testing.assert_allclose(noisy[0, real], packed[0, real], atol=1e-6, rtol=1e-6)
 
 
