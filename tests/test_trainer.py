@@ -14,6 +14,7 @@ import pytest
 import train_tasks  # noqa: F401 (registers train_test_sc, train_test_copy)
 from helpers import (assert_trees_equal, checkpoint_params, logged_losses, metrics_records, quiet,
                      tiny, train_config)
+from t5lite.cli import gin_config
 from t5lite.interop.hf.checkpoints import save_hf
 from t5lite.models import init_params
 from t5lite.runtime import checkpoint_reader
@@ -23,6 +24,7 @@ from t5lite.runtime.partitioning import MeshConfig, make_mesh
 from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.step import StepConfig
+from t5lite.train import initial_params as initial_params_lib
 from t5lite.train.trainer import TrainConfig, Trainer, train
 
 # One worker runs this module: its module-scoped runs (three_steps, one_device) are built
@@ -199,6 +201,20 @@ def test_init_from_an_hf_checkpoint(tmp_path):
   with pytest.raises(ValueError, match="vocab_size: checkpoint 384, model 512"):
     Trainer(model.replace(vocab_size=512), config(tmp_path)).initial_params(
         str(tmp_path / "hf"))
+
+
+def test_an_hf_encoder_loads_whatever_the_unused_decoder_depth(tmp_path):
+  """An encoder-only model's decoder depth is unused: not compared with the HF config's (an
+  HF encoder has none, and reads back as the default)."""
+  gin_config.parse(["gin/models/bert/tiny.gin"])
+  model = gin_config.model_config().replace(num_encoder_layers=1, num_decoder_layers=3)
+  params = jax.device_get(init_params(model, 3))
+  save_hf(model, params, str(tmp_path / "hf"))
+  loaded, vocab_size = initial_params_lib.hf_params(str(tmp_path / "hf"), model, None)
+  assert vocab_size == model.vocab_size
+  assert_trees_equal(loaded, params)
+  with pytest.raises(ValueError, match="num_encoder_layers: checkpoint 1, model 2"):
+    initial_params_lib.hf_params(str(tmp_path / "hf"), model.replace(num_encoder_layers=2), None)
 
 
 def test_vocabulary_larger_than_the_model_is_refused(tmp_path):

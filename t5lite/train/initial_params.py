@@ -86,8 +86,11 @@ def hf_params(path: str, model_config: ModelConfig, vocabulary) -> tuple[Tree, i
   hf_config, params = load_hf(path)
   mine, theirs = model_config.to_dict(), hf_config.to_dict()
   grows = vocabulary is not None and vocabulary.vocab_size > theirs["vocab_size"]
-  shape_fields = ("vocab_size",) * (not grows) + ("d_model", "d_ff", "num_heads", "d_kv", "num_encoder_layers",
-                  "num_decoder_layers", "mlp_activation", "tie_output_embedding")
+  # A stack the architecture lacks has no params: its depth is whatever the config says.
+  depths = (("num_encoder_layers",) * model_config.has_encoder
+            + ("num_decoder_layers",) * model_config.has_decoder)
+  shape_fields = (("vocab_size",) * (not grows) + ("d_model", "d_ff", "num_heads", "d_kv")
+                  + depths + ("mlp_activation", "tie_output_embedding"))
   differ = [f"{k}: checkpoint {theirs[k]!r}, model {mine[k]!r}" for k in shape_fields
             if mine[k] != theirs[k]]
   if differ:
