@@ -87,9 +87,10 @@ def _check_loadgroup_groups(config):
   xdist 3.8 (pytest-xdist issue 1386: it marks a group by appending @GROUP to a node id,
   which pytest 9.2 no longer reads): every worker would build every grouped module's
   fixtures. The run stops instead; the test extra pins a pytest that groups."""
-  import xdist
-  if (config.getoption("dist", None) == "loadgroup" and pytest.version_tuple[:2] >= (9, 2)
-      and tuple(int(p) for p in xdist.__version__.split(".")[:2]) <= (3, 8)):
+  if config.getoption("dist", None) != "loadgroup" or pytest.version_tuple[:2] < (9, 2):
+    return
+  import xdist  # there: --dist is its option
+  if tuple(int(p) for p in xdist.__version__.split(".")[:2]) <= (3, 8):
     raise pytest.UsageError(
         f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} does not keep "
         "an xdist_group on one worker: install the test extra's pytest (pip install -e "
