@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= -1
 
-.PHONY: demo test test-fast test-parity test-e2e durations pod-presets clean
+.PHONY: demo test test-fast test-parity test-e2e durations unit-times pod-presets clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,15 @@ test-e2e: $(VENV)/.installed-test
 durations: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests -n auto --dist loadgroup --record-durations -q
 
+# Re-measures, on a cold compilation cache as CI has, each unit pytest-xdist deals out (a module
+# or an xdist_group) into tests/unit_times.json: the suite is dealt longest unit first
+# (tests/helpers/scheduling.py). As long as `make test`.
+unit-times: $(VENV)/.installed-test
+	rm -rf .jax_cache_cold
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax_cache_cold $(BIN)/python -m pytest tests -n auto \
+	  --dist loadgroup --record-unit-times -q
+	rm -rf .jax_cache_cold
+
 # Compiles every pod preset (gin/runs/pods/*.gin) for its TPU topology on this CPU host, one
 # report's JSON line each into runs/pod_presets.jsonl (about an hour on 2 cores).
 pod-presets: $(VENV)/.installed-test
@@ -60,4 +69,4 @@ pod-presets: $(VENV)/.installed-test
 	done
 
 clean:
-	rm -rf $(VENV) .jax_cache .pytest_cache
+	rm -rf $(VENV) .jax_cache .jax_cache_cold .pytest_cache

@@ -60,7 +60,8 @@ import pytest  # noqa: E402
 from helpers import TINY, jitted_apply, tiny  # noqa: E402,F401 (re-exported)
 from helpers import durations  # noqa: E402
 
-pytest_plugins = ["helpers.fixtures", "helpers.durations", "helpers.storage_servers"]
+pytest_plugins = ["helpers.fixtures", "helpers.durations", "helpers.scheduling",
+                  "helpers.storage_servers"]
 _START = time.time()
 
 

@@ -35,10 +35,6 @@ from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.step import StepConfig
 from t5lite.train.trainer import train
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_checkpoint_integrity")
-
 MODEL = tiny(vocab_size=384, dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
 STATE = {"w": jnp.arange(3000, dtype=jnp.float32) / 7, "b": {"c": jnp.ones((30, 40))}}
 

@@ -23,10 +23,6 @@ from t5lite.train.aot import compiler as aot_compile
 from t5lite.train.aot import cost as aot_cost
 from t5lite.train.trainer import TrainConfig
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_compile")
-
 # One layer a stack: compile time grows with the layers, and no test here needs two.
 ONE_LAYER = ["--gin.ModelConfig.num_encoder_layers=1", "--gin.ModelConfig.num_decoder_layers=1"]
 GIN = ["--gin_file=gin/runs/pretrain.gin", "--gin_file=gin/models/tiny.gin",

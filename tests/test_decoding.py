@@ -15,10 +15,6 @@ from t5lite.models.params import abstract_params, scan_params, unscan_params
 
 from helpers import hf_generate, hf_t5, tiny
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_decoding")
-
 MAX = 7
 CONFIGS = {
     "enc_dec_relative_bias": tiny(),

@@ -20,10 +20,6 @@ from t5lite.runtime import partitioning as part
 from t5lite.runtime.model_dir import load_params
 from t5lite.train.trainer import train
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_eval_cli")
-
 LENGTHS = "{'inputs': 64, 'targets': 16}"
 
 

@@ -27,10 +27,6 @@ from helpers.terminal import on_terminal, redrawn
 from helpers import (assert_trees_equal, checkpoint_params, hf_generate, quiet, tiny,
                      train_config)
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_export")
-
 # Real text with accents, CJK, an emoji, a ligature, tabs, newlines and runs of spaces: the
 # characters a sentencepiece model without them must spell in bytes (byte fallback).
 SAMPLE = ["Héllo wörld — naïve café, 日本語のテキスト, emoji 🙂 done.",

@@ -48,10 +48,6 @@ from t5lite.runtime import partitioning as part
 from t5lite.train import evaluation
 from t5lite.train.trainer import Trainer, train
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_multihost")
-
 STEPS = 20
 TASK = "train_test_sc_scored"  # train_test_sc with a metric (tests/train_tasks.py)
 INFER_EVAL = "--gin.TrainConfig.infer_eval_period=10"  # the reference's and 4 x 1's, at 10

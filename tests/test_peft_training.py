@@ -21,10 +21,6 @@ from t5lite.train.optimizers import OptimizerConfig
 from t5lite.train.schedules import ScheduleConfig
 from t5lite.train.trainer import Trainer, train
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_peft_training")
-
 
 
 def tiny(**changes):

@@ -39,10 +39,6 @@ ALLOWED_IMPORTS = {"__future__", "argparse", "hashlib", "json", "pathlib", "stru
                    "jax", "numpy", "safetensors", "sentencepiece"}
 
 
-# One worker runs this module: its module-scoped fixtures are built once, not once per
-# pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_serving")
-
 # Runs in `python -I -c`: the loader is imported from the artifact alone, never t5lite.
 FRESH_PROCESS = """
 import json, sys

@@ -1,7 +1,13 @@
 """The suite's own layout: no test module imports another test module or conftest (shared
-code lives in tests/helpers/, shared fixtures in helpers/fixtures.py)."""
+code lives in tests/helpers/, shared fixtures in helpers/fixtures.py); and the order in which
+pytest-xdist is dealt the tests (helpers/scheduling.py)."""
 import ast
+import json
 import pathlib
+
+import pytest
+
+from helpers import scheduling
 
 TESTS = pathlib.Path(__file__).resolve().parent
 MODULES = sorted(TESTS.glob("test_*.py"))
@@ -36,3 +42,39 @@ def test_the_check_sees_every_form():
                            "def f():\n  from test_x import y\n") == [
       "line 1: test_gin", "line 2: conftest", "line 4: test_x"]
   assert forbidden_imports("from helpers import tiny\nimport testing\n") == []
+
+
+class _Item:
+  """What the scheduler reads of a pytest item: its node id and its xdist_group markers."""
+
+  def __init__(self, nodeid, group=None):
+    self.nodeid = nodeid
+    self.markers = [pytest.mark.xdist_group(group).mark] if group else []
+
+  def iter_markers(self, name):
+    return [m for m in self.markers if m.name == name]
+
+  def get_closest_marker(self, name):
+    return next(iter(self.iter_markers(name)), None)
+
+  def add_marker(self, marker):
+    self.markers.append(marker.mark)
+
+
+def test_whole_units_are_dealt_longest_first_and_keep_their_order(monkeypatch, tmp_path):
+  times = tmp_path / "unit_times.json"
+  times.write_text(json.dumps({"test_a": 5.0, "test_b": 50.0, "shared": 20.0}))
+  monkeypatch.setattr(scheduling, "FILE", times)
+  items = [_Item("tests/test_a.py::one"), _Item("tests/test_a.py::two", "shared"),
+           _Item("tests/test_b.py::one"), _Item("tests/test_a.py::three"),
+           _Item("tests/test_new.py::one"), _Item("tests/test_new.py::two"),
+           _Item("tests/test_b.py::two", "shared")]
+  scheduling.group_by_module_longest_first(items)
+  # test_new is unrecorded: 2 tests at UNRECORDED_S_PER_TEST each, shorter than test_a's 5 s
+  assert 2 * scheduling.UNRECORDED_S_PER_TEST > 5.0
+  assert [(i.nodeid, scheduling.unit_of(i)) for i in items] == [
+      ("tests/test_b.py::one", "test_b"), ("tests/test_a.py::two", "shared"),
+      ("tests/test_b.py::two", "shared"), ("tests/test_new.py::one", "test_new"),
+      ("tests/test_new.py::two", "test_new"), ("tests/test_a.py::one", "test_a"),
+      ("tests/test_a.py::three", "test_a")]
+  assert all(len(i.iter_markers("xdist_group")) == 1 for i in items)

@@ -27,10 +27,6 @@ from t5lite.train.step import StepConfig
 from t5lite.train import initial_params as initial_params_lib
 from t5lite.train.trainer import TrainConfig, Trainer, train
 
-# One worker runs this module: its module-scoped runs (three_steps, one_device) are built
-# once, not once per pytest-xdist worker (`--dist loadgroup`).
-pytestmark = pytest.mark.xdist_group("test_trainer")
-
 # Dropout on: its rng must survive a restart. One layer a stack: still every kind of layer
 # (self-attention, cross-attention, MLP) to shard and restore, at half the compiling.
 MODEL = tiny(vocab_size=384, dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
