@@ -59,6 +59,11 @@ def pytest_sessionfinish(session):
   if not session.config.getoption("--record-durations") or hasattr(session.config,
                                                                    "workerinput"):
     return
-  recorded = json.loads(FILE.read_text(encoding="utf-8")) if FILE.exists() else {}
-  recorded.update({k: round(v, 3) for k, v in _times.items()})
-  FILE.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n", encoding="utf-8")
+  merge_into(FILE, {k: round(v, 3) for k, v in _times.items()})
+
+
+def merge_into(path: pathlib.Path, times: dict[str, float]) -> None:
+  """Writes `times` into the JSON file at `path`, over the entries it already has."""
+  recorded = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+  recorded.update(times)
+  path.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n", encoding="utf-8")

@@ -22,7 +22,7 @@ import pathlib
 
 import pytest
 
-from helpers.durations import unsuffixed_id
+from helpers.durations import merge_into, unsuffixed_id
 
 FILE = pathlib.Path(__file__).resolve().parents[1] / "unit_times.json"
 # A unit not yet recorded: this many seconds a test (about the suite's mean, cold).
@@ -89,6 +89,4 @@ def pytest_sessionfinish(session):
   if (not session.config.getoption("--record-unit-times")
       or hasattr(session.config, "workerinput")):
     return
-  recorded = json.loads(FILE.read_text(encoding="utf-8")) if FILE.exists() else {}
-  recorded.update({k: round(v, 1) for k, v in _times.items()})
-  FILE.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n", encoding="utf-8")
+  merge_into(FILE, {k: round(v, 1) for k, v in _times.items()})
