@@ -70,7 +70,7 @@ def test_whole_units_are_dealt_longest_first_and_keep_their_order(monkeypatch, t
            _Item("tests/test_new.py::one"), _Item("tests/test_new.py::two"),
            _Item("tests/test_b.py::two", "shared")]
   scheduling.group_by_module_longest_first(items)
-  # test_new is unrecorded: 2 tests at UNRECORDED_S_PER_TEST each, shorter than test_a's 5 s
+  # test_new is unrecorded: 2 tests at UNRECORDED_S_PER_TEST each, longer than test_a's 5 s
   assert 2 * scheduling.UNRECORDED_S_PER_TEST > 5.0
   assert [(i.nodeid, scheduling.unit_of(i)) for i in items] == [
       ("tests/test_b.py::one", "test_b"), ("tests/test_a.py::two", "shared"),
