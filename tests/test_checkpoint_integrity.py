@@ -83,6 +83,22 @@ def test_every_committed_step_is_sealed_and_verifies(tmp_path):
     assert integrity.verify(step_dir, step) is True
 
 
+def test_a_save_cut_short_is_cleared_when_the_next_writer_opens_the_folder(tmp_path):
+  """A crash mid-save leaves orbax's temporary folder: never listed, removed by the next
+  Checkpointer that writes (a reader leaves it alone); the committed steps are untouched."""
+  saved(tmp_path).close()
+  folder = tmp_path / ckpt_lib.CHECKPOINTS_DIR
+  leftover = folder / "3.orbax-checkpoint-tmp-1700000000" / "state"
+  leftover.mkdir(parents=True)
+  (leftover / "_METADATA").write_text("{}")
+  reader = ckpt_lib.Checkpointer(tmp_path, read_only=True)
+  assert reader.all_steps() == [1, 2] and leftover.exists()
+  writer = ckpt_lib.Checkpointer(tmp_path)
+  assert writer.all_steps() == [1, 2] and sorted(os.listdir(folder)) == ["1", "2"]
+  assert integrity.verify(writer.step_dir(2), 2) is True
+  writer.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_damage_to_an_array_file_is_named_by_step_and_file(tmp_path, damage):
   checkpointer = saved(tmp_path)

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from t5lite.data.vocab import hf_vocabularies, vocabularies
@@ -183,6 +184,38 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five 
 def _upload(folder, url) -> None:
   for name in sorted(os.listdir(folder)):
     storage.path(f"{url}/{name}").write_bytes((folder / name).read_bytes())
+
+
+def test_a_checkpointer_on_a_bucket_whose_only_step_was_cut_short_starts_empty(bucket, monkeypatch):
+  """A SIGKILL during the first save leaves a step with no commit object, the only thing under
+  checkpoints/. Removing it makes the folder vanish: orbax's own cleanup does so in a thread
+  while its constructor lists the folder, and a removal between its exists() and its listing
+  was a FileNotFoundError (gcsfs) that stopped the restart. Here orbax's listing waits until
+  the leftover is gone, the interleaving that failed: the Checkpointer must start empty."""
+  from orbax.checkpoint._src.path import step as orbax_steps
+  from t5lite.runtime import checkpoints
+  from t5lite.util import paths
+  server, url = bucket
+  leftover = f"{url}/run/checkpoints/2/_CHECKPOINT_METADATA"
+  storage.create_exclusive(leftover, b"{}")
+  exists_then_list = orbax_steps._is_valid_base_path
+
+  def removal_in_between(base_path):
+    found = exists_then_list(base_path)
+    deadline = time.monotonic() + 10
+    while paths.exists(leftover) and time.monotonic() < deadline:
+      time.sleep(0.02)
+    return found
+
+  monkeypatch.setattr(orbax_steps, "_is_valid_base_path", removal_in_between)
+  checkpointer = checkpoints.Checkpointer(f"{url}/run")
+  assert checkpointer.all_steps() == []
+  assert not paths.exists(leftover)
+  if server.scheme == "gs":  # (orbax does not save on s3:// yet)
+    checkpointer.save(2, {"w": np.arange(5.0)}, {"position": 2})  # the step cut short, again
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [2]
+  checkpointer.close()
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])

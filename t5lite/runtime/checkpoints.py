@@ -154,19 +154,21 @@ class Checkpointer:
     self.model_dir = paths.dirname(self.directory)
     self.is_primary = jax.process_index() == 0
     self._unsealed: list[int] = []  # saved by this run, not sealed yet
+    # On a bucket a step is committed by an object written last into it (no folder rename
+    # there); orbax does so on gs:// by itself, and is told to on s3://.
+    atomicity = (dict(atomicity_options=ocp.options.AtomicityOptions(
+        mode=ocp.options.AtomicityMode.COMMIT_FILE)) if paths.is_url(self.directory) else {})
+    if not read_only:
+      self._remove_unfinished_saves(atomicity)
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation(config),
         enable_async_checkpointing=config.async_save,
-        # A save that a crash cut short leaves a temporary folder; clear it at start.
-        cleanup_tmp_directories=not read_only,
+        cleanup_tmp_directories=False,  # done above, before orbax lists the folder
         read_only=read_only,
         # Not at start: a run refused before its first save leaves no folder behind (save
         # makes it).
         create=False,
-        # On a bucket a step is committed by an object written last into it (no folder
-        # rename there); orbax does so on gs:// by itself, and is told to on s3://.
-        **(dict(atomicity_options=ocp.options.AtomicityOptions(
-            mode=ocp.options.AtomicityMode.COMMIT_FILE)) if paths.is_url(self.directory) else {}),
+        **atomicity,
         # With a best_fn orbax also writes each ranked checkpoint's metrics into its step
         # folder, so the ranking (and which step BestN keeps) survives a restart.
         **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
@@ -177,6 +179,18 @@ class Checkpointer:
                                             item_names=("state", "data"))
     self._in_flight: int | None = None  # the step being saved in the background
     self._seal_error: OSError | None = None  # from seal_committed, raised at the next wait
+
+  def _remove_unfinished_saves(self, atomicity: dict) -> None:
+    """Removes what a crash left of a save cut short (a temporary folder; on a bucket a step
+    without its commit object), before orbax lists the folder. Not orbax's own
+    cleanup_tmp_directories: it removes them in a thread while its constructor lists the
+    folder, and on a bucket removing the only step makes the folder vanish between orbax's
+    exists() and its listing, a FileNotFoundError that stopped the restart. Process 0
+    removes; the others wait for it here, before they list."""
+    if self.is_primary:
+      for unfinished in ocp.utils.tmp_checkpoints(self.directory, **atomicity):
+        paths.remove_tree(os.fspath(unfinished.get()))
+    all_flags(False)  # every process, after process 0 is done
 
   def step_dir(self, step: int) -> str:
     return paths.join(self.directory, str(int(step)))

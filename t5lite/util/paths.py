@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 
 from t5lite.util import storage
 
@@ -122,6 +123,18 @@ def remove(path) -> None:
     target.unlink()
   except FileNotFoundError:
     pass
+
+
+def remove_tree(folder) -> None:
+  """Removes a folder and everything in it (missing is fine); for a URL, every object under
+  its prefix."""
+  folder = os.fspath(folder)
+  if not is_url(folder):
+    shutil.rmtree(folder, ignore_errors=True)
+    return
+  # Through epath, as orbax lists and writes buckets: its filesystem's cached listings then
+  # lose what is removed (another gcsfs instance's removal would leave them stale).
+  storage.path(folder).rmtree(missing_ok=True)
 
 
 def files_under(folder) -> list[str]:
