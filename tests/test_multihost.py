@@ -36,6 +36,7 @@ import yaml
 import train_tasks  # noqa: F401 (registers the tasks of the in-process runs)
 from helpers import cli as cli_helper
 from helpers.paths import REPO
+from helpers.runs import train_argv
 from helpers import assert_trees_equal, logged_losses, metrics_records
 from t5lite import cli
 from t5lite.cli import gin_config
@@ -105,10 +106,6 @@ def start(argv: list, devices: int, log, script=None, **env) -> subprocess.Popen
   """`t5lite ARGV` (or `python SCRIPT ARGV`) with `devices` fake devices, output in log."""
   return cli_helper.run_t5lite(*argv, script=script, wait=False, devices=devices,
                            tests_on_path=True, log=log, env=env)
-
-
-def train_argv(gin_file, model_dir, *more) -> list:
-  return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
 
 
 def job(argv: list, n: int, devices: int, logs, port=None, counts=None, script=None,

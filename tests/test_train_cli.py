@@ -17,7 +17,7 @@ import pytest
 
 from helpers.cli import run_t5lite
 from helpers.paths import REPO
-from helpers.runs import run_gin
+from helpers.runs import run_gin, train_argv
 from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE
@@ -31,10 +31,6 @@ pytestmark = pytest.mark.e2e
 STEPS, PERIOD = 60, 20
 KILL_AFTER = PERIOD + 2  # past the checkpoint at PERIOD
 RUN_GIN = run_gin(STEPS, period=PERIOD)
-
-
-def train_argv(gin_file, model_dir, *more):
-  return ["train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR={model_dir}", *more]
 
 
 def spawn(gin_file, model_dir):
