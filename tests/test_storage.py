@@ -1,7 +1,8 @@
 """t5lite.util.storage against real object-storage servers on 127.0.0.1 (fake-gcs-server for
 gs://, moto's server for s3://, started by tests/helpers/storage_servers.py): the conditional
 writes an exclusive lease and a commit marker rely on, the one-line refusal of a bucket that
-is not there, and the MODEL_DIR lease in a bucket (t5lite.runtime.lease.BucketLease)."""
+is not there, the MODEL_DIR lease in a bucket (t5lite.runtime.lease.BucketLease), and a
+Checkpointer opening a bucket where a save was cut short."""
 import json
 import os
 import threading
@@ -9,11 +10,12 @@ import time
 
 import numpy as np
 import pytest
+from orbax.checkpoint._src.path import step as orbax_steps
 
 from t5lite.data.vocab import hf_vocabularies, vocabularies
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.runtime import lease as lease_lib
-from t5lite.util import storage
+from t5lite.runtime import checkpoints, lease as lease_lib
+from t5lite.util import paths, storage
 
 
 def test_object_names_that_would_leave_their_local_folder_are_refused(tmp_path, monkeypatch):
@@ -192,9 +194,6 @@ def test_a_checkpointer_on_a_bucket_whose_only_step_was_cut_short_starts_empty(b
   while its constructor lists the folder, and a removal between its exists() and its listing
   was a FileNotFoundError (gcsfs) that stopped the restart. Here orbax's listing waits until
   the leftover is gone, the interleaving that failed: the Checkpointer must start empty."""
-  from orbax.checkpoint._src.path import step as orbax_steps
-  from t5lite.runtime import checkpoints
-  from t5lite.util import paths
   server, url = bucket
   leftover = f"{url}/run/checkpoints/2/_CHECKPOINT_METADATA"
   storage.create_exclusive(leftover, b"{}")

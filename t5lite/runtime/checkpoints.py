@@ -189,7 +189,7 @@ class Checkpointer:
     removes; the others wait for it here, before they list."""
     if self.is_primary:
       for unfinished in ocp.utils.tmp_checkpoints(self.directory, **atomicity):
-        paths.remove_tree(os.fspath(unfinished.get()))
+        paths.remove_tree(unfinished.get())
     all_flags(False)  # every process, after process 0 is done
 
   def step_dir(self, step: int) -> str:
