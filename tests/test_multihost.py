@@ -52,10 +52,14 @@ from t5lite.train.trainer import Trainer, train
 STEPS = 20
 TASK = "train_test_sc_scored"  # train_test_sc with a metric (tests/train_tasks.py)
 INFER_EVAL = "--gin.TrainConfig.infer_eval_period=10"  # the reference's and 4 x 1's, at 10
+# One layer a stack, as helpers.runs' run: every process of every job compiles its programs
+# (the step, evals, infer evals) from a cold cache, each unscanned layer anew.
 RUN_GIN = f"""
 include 'runs/pretrain.gin'
 include 'models/tiny.gin'
 ModelConfig.vocab_size = 384
+ModelConfig.num_encoder_layers = 1
+ModelConfig.num_decoder_layers = 1
 MIXTURE_OR_TASK_MODULE = 'train_tasks'
 MIXTURE_OR_TASK_NAME = '{TASK}'
 TASK_FEATURE_LENGTHS = {{'inputs': 32, 'targets': 8}}
