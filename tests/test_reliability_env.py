@@ -73,12 +73,12 @@ def test_two_trainers_started_together_one_runs_the_other_exits_2_naming_it(gin_
 
 @pytest.fixture
 def small_disk(tmp_path, monkeypatch):
-  """(folder, how): a 3.5 MiB tmpfs (two of the tiny run's 1.25 MB checkpoints fit, not
+  """(folder, how): a 3 MiB tmpfs (two of the tiny run's 1.25 MB checkpoints fit, not
   three) or, where mounting is not allowed, a folder whose third checkpoint save fails the way
   orbax's does when the disk is full (TensorStore's ValueError), in this process."""
   folder = tmp_path / "disk"
   folder.mkdir()
-  why_not = mount("-t", "tmpfs", "-o", "size=3584k", "tmpfs", str(folder))
+  why_not = mount("-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder))
   if why_not is None:
     yield folder, "tmpfs"
     umount(folder)
