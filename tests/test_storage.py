@@ -210,11 +210,62 @@ def test_a_checkpointer_on_a_bucket_whose_only_step_was_cut_short_starts_empty(b
   checkpointer = checkpoints.Checkpointer(f"{url}/run")
   assert checkpointer.all_steps() == []
   assert not paths.exists(leftover)
-  if server.scheme == "gs":  # (orbax does not save on s3:// yet)
-    checkpointer.save(2, {"w": np.arange(5.0)}, {"position": 2})  # the step cut short, again
-    checkpointer.wait()
-    assert checkpointer.all_steps() == [2]
+  checkpointer.save(2, {"w": np.arange(5.0)}, {"position": 2})  # the step cut short, again
+  checkpointer.wait()
+  assert checkpointer.all_steps() == [2]
   checkpointer.close()
+
+
+def test_an_upload_writes_commit_markers_last_and_the_folders_own_last_of_all(bucket,
+                                                                              tmp_path):
+  """A checkpoint step uploaded (t5lite.util.staging.put_tree): orbax's commit markers after
+  every other file, the step's own (which commits the whole) after its items' markers."""
+  from t5lite.util import staging
+  names = ["commit_success.txt", "_CHECKPOINT_METADATA", "state/commit_success.txt",
+           "state/d/0a1b", "data/commit_success.txt", "data/metadata", "zz_last_by_name"]
+  for rel in names:
+    (tmp_path / "step" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "step" / rel).write_text(rel)
+  uploaded: list[str] = []
+  out = paths.join(bucket[1], "step")
+  staging.put_tree(str(tmp_path / "step"), out, uploaded)
+  order = [url[len(out) + 1:] for url in uploaded]
+  assert order[-3:] == ["data/commit_success.txt", "state/commit_success.txt",
+                        "commit_success.txt"]
+  assert sorted(order) == sorted(names) == paths.files_under(out)
+
+
+def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_server):
+  """S3 checkpoints' local mirror (t5lite/runtime/checkpoint_mirror.py) at start: a step with
+  its commit marker is listed with its small files only (array data comes when it is read), a
+  step without one (a killed upload) is deleted, a step set aside stays; after a save,
+  retention's deletions reach the bucket."""
+  from t5lite.runtime import checkpoint_mirror
+  with s3_server.activated():
+    storage.forget_clients()
+    url = s3_server.url(s3_server.new_bucket(), "run/checkpoints")
+    objects = {"4/commit_success.txt": "", "4/_CHECKPOINT_METADATA": "{}",
+               "4/state/d/0a1b": "data", "6/_CHECKPOINT_METADATA": "{}",
+               "6/state/d/0a1c": "cut short", "2.corrupt-1/state/d/0a1d": "kept"}
+    for rel, text in objects.items():
+      storage.create_exclusive(paths.join(url, rel), text.encode())
+    mirror = checkpoint_mirror.S3Mirror(url)
+    mirror.pull(write=True)
+    assert paths.files_under(mirror.local) == ["4/_CHECKPOINT_METADATA", "4/commit_success.txt"]
+    assert paths.files_under(url) == ["2.corrupt-1/state/d/0a1d", "4/_CHECKPOINT_METADATA",
+                                      "4/commit_success.txt", "4/state/d/0a1b"]
+    mirror.fetch(4)
+    assert paths.read_text(os.path.join(mirror.local, "4", "state", "d", "0a1b")) == "data"
+    os.makedirs(os.path.join(mirror.local, "8"))  # a step orbax committed here, sealed
+    with open(os.path.join(mirror.local, "8", "commit_success.txt"), "w") as f:
+      f.write("")
+    mirror.publish([8])  # retention kept 8 alone: 4 leaves the bucket
+    assert checkpoint_mirror.committed_steps(url)[0] == {8: ["commit_success.txt"]}
+    assert paths.files_under(url) == ["2.corrupt-1/state/d/0a1d", "8/commit_success.txt"]
+    local = mirror.local
+    mirror.close()
+    assert not os.path.exists(local)
+    storage.forget_clients()
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])

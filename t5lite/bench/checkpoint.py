@@ -15,9 +15,11 @@ the page cache right after the save, as in a run (a cold restore reads them from
 verify, then orbax). The CRC32C implementation (google-crc32c: 'c' is the hardware one) and
 the CPU are printed with the figures.
 
-With `--dir gs://BUCKET/PATH` the same is measured on the bucket and on a local temp folder,
-side by side, with each one's save and restore throughput (MB/s of the step's files) and the
-ratios bucket / local.
+With `--dir gs://BUCKET/PATH` (or s3://) the same is measured on the bucket and on a local
+temp folder, side by side, with each one's save and restore throughput (MB/s of the step's
+files) and the ratios bucket / local. On s3:// orbax writes and reads a local mirror
+(t5lite/runtime/checkpoint_mirror.py): there `save` includes the upload after the seal, and
+`read` the download before the verify.
 
   t5lite bench checkpoint                         # the 'bench' preset (d_model 256, 4+4)
   t5lite bench checkpoint --model t5_1_1_small --repeats 5
@@ -79,13 +81,24 @@ def measure(model: str, repeats: int, directory: str, state=None) -> dict:
     integrity.seal(step_dir)
     times["seal"].append(time.perf_counter() - start)
     disk_bytes = sum(paths.size(paths.join(step_dir, rel)) for rel in paths.files_under(step_dir))
+    reader = checkpointer
+    if checkpointer._mirror is not None:  # s3://: the save ends with the upload, a restore
+      start = time.perf_counter()         # starts with the download
+      checkpointer._publish()
+      times["save"][-1] += time.perf_counter() - start
+      reader = checkpoints.Checkpointer(directory, read_only=True)
     start = time.perf_counter()
-    integrity.verify(step_dir, step)
+    reader.fetch(step)
+    download = time.perf_counter() - start
+    start = time.perf_counter()
+    integrity.verify(step_dir if reader is checkpointer else reader.step_dir(step), step)
     times["verify"].append(time.perf_counter() - start)
     start = time.perf_counter()
-    restored, _ = checkpointer._read(step, abstract)
+    restored, _ = reader._read(step, abstract)
     jax.block_until_ready(restored)
-    times["read"].append(time.perf_counter() - start)
+    times["read"].append(time.perf_counter() - start + download)
+    if reader is not checkpointer:
+      reader.close()
     checkpointer.close()
     del restored
     checkpointer = checkpoints.Checkpointer(directory, checkpoints.CheckpointConfig(keep=1))
@@ -119,7 +132,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--model", default="bench", choices=sorted(MODELS))
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--dir", default=None, help="where to write (default: a temp folder, "
-                      "removed after); a gs:// URL is measured beside a local temp folder")
+                      "removed after); a gs:// or s3:// URL is measured beside a local temp folder")
   args = parser.parse_args(argv)
   where = {"bucket": args.dir} if args.dir and paths.is_url(args.dir) else {}
   local = args.dir if args.dir and not where else tempfile.mkdtemp(prefix="t5lite_bench_ckpt_")

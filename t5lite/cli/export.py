@@ -193,7 +193,7 @@ def _load(checkpoint: str):
 
 
 def _check_empty(out: str) -> None:
-  check_location(out, "--out", checkpoints=False)
+  check_location(out, "--out")
   staging.check_empty(out)
 
 

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
                       help=limits.MAX_PARAMS_HELP)
   args = parser.parse_args(rest)
   for path, flag in ((args.source, "--from"), (args.out, "--out")):
-    check_location(path, flag, checkpoints=flag == "--out")
+    check_location(path, flag)
   if paths.is_url(args.out):  # (a local --out: params_only refuses one with checkpoints)
     staging.check_empty(args.out)
   # A bucket URL: the HF folder is fetched to local disk, the MODEL_DIR written there first.
@@ -97,9 +97,8 @@ def _main_peft(rest: list[str]) -> int:
                       "hf`) or an HF directory")
   parser.add_argument("--out", required=True, help="the new RUN_DIR (a new or empty folder)")
   args = parser.parse_args(rest)
-  for path, flag, checkpoints in ((args.source, "--from", False), (args.base, "--base", True),
-                                  (args.out, "--out", True)):
-    check_location(path, flag, checkpoints=checkpoints)
+  for path, flag in ((args.source, "--from"), (args.base, "--base"), (args.out, "--out")):
+    check_location(path, flag)
   if paths.is_url(args.out):  # (a local --out: import_peft refuses one that is not empty)
     staging.check_empty(args.out)
   with staging.download(args.source) as source, staging.upload(args.out) as out:

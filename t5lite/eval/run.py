@@ -60,7 +60,7 @@ class EvalConfig:
 
   def __post_init__(self):
     check_location(self.checkpoint_path, "CHECKPOINT_PATH")
-    check_location(self.output_dir, "EVAL_OUTPUT_DIR", checkpoints=False)
+    check_location(self.output_dir, "EVAL_OUTPUT_DIR")
     check_location(self.adapter, "--adapter")
     check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
                           self.decode.batch_size)
@@ -94,8 +94,8 @@ class InferConfig:
 
   def __post_init__(self):
     check_location(self.checkpoint_path, "CHECKPOINT_PATH")
-    check_location(self.input_path, "INFER_INPUT", checkpoints=False)
-    check_location(self.output_path, "INFER_OUTPUT", checkpoints=False)
+    check_location(self.input_path, "INFER_INPUT")
+    check_location(self.output_path, "INFER_OUTPUT")
     check_location(self.adapter, "--adapter")
     # inputs_length - 1 tokens and an EOS: 1 would leave no room for any text.
     require_int(self.inputs_length, "INPUTS_LENGTH (InferConfig.inputs_length)", minimum=2)

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.runtime import integrity
+from t5lite.runtime.checkpoint_mirror import readable_step
 from t5lite.runtime.checkpoints import CHECKPOINTS_DIR, checkpoint_dir
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
@@ -63,9 +64,10 @@ def _saved_params(checkpointer, state_dir: str, step: int, step_dir: str, noise:
 
 def saved_param_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
   """{jax keystr of each param path: its shape} of a checkpoint's params (nothing restored)."""
-  state_dir, step = _step_state_dir(path)
-  saved = _saved_params(ocp.PyTreeCheckpointer(), state_dir, step, paths.dirname(state_dir),
-                        [])
+  with readable_step(path, CHECKPOINTS_DIR) as local:
+    state_dir, step = _step_state_dir(local)
+    saved = _saved_params(ocp.PyTreeCheckpointer(), state_dir, step, paths.dirname(state_dir),
+                          [])
   return {jax.tree_util.keystr(p): tuple(m.shape)
           for p, m in jax.tree_util.tree_leaves_with_path(saved)}
 
@@ -82,8 +84,14 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
   another vocabulary size). subset: abstract_params may leave out params the checkpoint has
   (t5lite.train.warm_start reads a pretrained model's backbone this way). ignore: top-level
   params the checkpoint may hold beside the model's, left unread (a distillation run's
-  trained projection).
+  trained projection). On s3:// the step is read from a local copy (orbax reads no S3).
   """
+  with readable_step(path, CHECKPOINTS_DIR) as local:
+    return _restore_params(local, abstract_params, subset, ignore)
+
+
+def _restore_params(path: str, abstract_params: Tree, subset: bool, ignore: tuple[str, ...]
+                    ) -> tuple[Tree, int]:
   state_dir, step = _step_state_dir(path)
   step_dir = paths.dirname(state_dir)
   noise: list[str] = []

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import os
 import sys
@@ -42,16 +41,16 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint.checkpoint_managers import preservation_policy as pp_lib
 
 from t5lite.errors import ConfigError
 from t5lite.runtime import integrity
+from t5lite.runtime import checkpoint_mirror
+from t5lite.runtime.checkpoint_config import CheckpointConfig, metric_of, preservation_policy
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags
 from t5lite.util import paths, storage
 
 CHECKPOINTS_DIR = "checkpoints"
-ON_CORRUPT = ("fallback", "stop")
 Tree = Any
 # Orbax splits the saving of a replicated array between its replicas (replica-parallel),
 # cutting each shard with a slice program compiled per array shape, replica and offset: for
@@ -74,39 +73,6 @@ def _use_replica_parallel_for_large_slices_only() -> None:
       ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-  """When to save and what to keep."""
-
-  period: int = 1000
-  """Save every this many steps (and always at the last step and on preemption)."""
-  keep: int | None = 3
-  """Keep the newest this many checkpoints; None keeps all."""
-  keep_period: int | None = None
-  """Also keep forever every checkpoint whose step is a multiple of this (None: none)."""
-  async_save: bool = True
-  """Write in a background thread while training goes on (the arrays are copied first)."""
-  on_corrupt: str = "fallback"
-  """A committed checkpoint that cannot be read: 'fallback' to the previous one, or 'stop'."""
-  best_metric: str | None = None
-  """Also keep the checkpoint with the best value of this metric, e.g.
-  'eval/glue_cola_v002/matthews_corrcoef' (saved at every inference eval when set)."""
-  best_mode: str = "max"
-  """'max' or 'min': which value of best_metric is best."""
-
-  def __post_init__(self):
-    if self.period < 1:
-      raise ConfigError(f"CheckpointConfig.period must be >= 1, got {self.period}")
-    if self.keep is not None and self.keep < 1:
-      raise ConfigError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
-    if self.best_mode not in ("max", "min"):
-      raise ConfigError(f"CheckpointConfig.best_mode must be 'max' or 'min', got "
-                        f"{self.best_mode!r}")
-    if self.on_corrupt not in ON_CORRUPT:
-      raise ConfigError(f"CheckpointConfig.on_corrupt={self.on_corrupt!r} is not one of "
-                        f"{ON_CORRUPT}")
-
-
 class CheckpointWriteError(ConfigError):
   """The filesystem refused a checkpoint save (full, read-only, over quota): the
   environment's doing, told in one line (exit 2); the committed checkpoints are intact."""
@@ -125,22 +91,6 @@ def checkpoint_dir(model_dir: str | os.PathLike) -> str:
   return paths.join(paths.absolute(model_dir), CHECKPOINTS_DIR)
 
 
-def _metric_of(name: str):
-  return lambda metrics: metrics[name]
-
-
-def _preservation(config: CheckpointConfig):
-  policies = [pp_lib.LatestN(n=config.keep)]
-  if config.keep_period:
-    policies.append(pp_lib.EveryNSteps(interval_steps=config.keep_period))
-  if config.best_metric:
-    # Keeps the highest value after sorting: descending order (reverse) makes it the lowest.
-    policies.append(pp_lib.BestN(get_metric_fn=_metric_of(config.best_metric), n=1,
-                                 reverse=config.best_mode == "min",
-                                 keep_checkpoints_without_metrics=False))
-  return pp_lib.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0]
-
-
 class Checkpointer:
   """The run's checkpoints: save (and seal), list, restore (verified, with fallback), close."""
 
@@ -154,14 +104,22 @@ class Checkpointer:
     self.model_dir = paths.dirname(self.directory)
     self.is_primary = jax.process_index() == 0
     self._unsealed: list[int] = []  # saved by this run, not sealed yet
+    # orbax has no S3 form: on s3:// it writes and reads a local mirror of the bucket's
+    # checkpoints (t5lite/runtime/checkpoint_mirror.py), one process's own.
+    self._mirror = None
+    if self.directory.startswith("s3://"):
+      checkpoint_mirror.check_single_process(self.directory, jax.process_count())
+      self._mirror = checkpoint_mirror.S3Mirror(self.directory)
+      self._mirror.pull(write=not read_only)
+    self._orbax_dir = self._mirror.local if self._mirror else self.directory
     # On a bucket a step is committed by an object written last into it (no folder rename
-    # there); orbax does so on gs:// by itself, and is told to on s3://.
+    # there); orbax does so on gs:// by itself.
     atomicity = (dict(atomicity_options=ocp.options.AtomicityOptions(
-        mode=ocp.options.AtomicityMode.COMMIT_FILE)) if paths.is_url(self.directory) else {})
+        mode=ocp.options.AtomicityMode.COMMIT_FILE)) if paths.is_url(self._orbax_dir) else {})
     if not read_only:
       self._remove_unfinished_saves(atomicity)
     options = ocp.CheckpointManagerOptions(
-        preservation_policy=_preservation(config),
+        preservation_policy=preservation_policy(config),
         enable_async_checkpointing=config.async_save,
         cleanup_tmp_directories=False,  # done above, before orbax lists the folder
         read_only=read_only,
@@ -171,11 +129,11 @@ class Checkpointer:
         **atomicity,
         # With a best_fn orbax also writes each ranked checkpoint's metrics into its step
         # folder, so the ranking (and which step BestN keeps) survives a restart.
-        **(dict(best_fn=_metric_of(config.best_metric), best_mode=config.best_mode)
+        **(dict(best_fn=metric_of(config.best_metric), best_mode=config.best_mode)
            if config.best_metric else {}),
     )
     with integrity.quiet_orbax(logging.CRITICAL):  # a damaged step's metadata: verify names it
-      self._manager = ocp.CheckpointManager(self.directory, options=options,
+      self._manager = ocp.CheckpointManager(self._orbax_dir, options=options,
                                             item_names=("state", "data"))
     self._in_flight: int | None = None  # the step being saved in the background
     self._seal_error: OSError | None = None  # from seal_committed, raised at the next wait
@@ -188,12 +146,18 @@ class Checkpointer:
     exists() and its listing, a FileNotFoundError that stopped the restart. Process 0
     removes; the others wait for it here, before they list."""
     if self.is_primary:
-      for unfinished in ocp.utils.tmp_checkpoints(self.directory, **atomicity):
+      for unfinished in ocp.utils.tmp_checkpoints(self._orbax_dir, **atomicity):
         paths.remove_tree(unfinished.get())
     all_flags(False)  # every process, after process 0 is done
 
   def step_dir(self, step: int) -> str:
-    return paths.join(self.directory, str(int(step)))
+    """The folder orbax reads step `step` from (on s3://, its local mirror: see fetch)."""
+    return paths.join(self._orbax_dir, str(int(step)))
+
+  def fetch(self, step: int) -> None:
+    """On s3://, brings step `step`'s array data into its local mirror before it is read."""
+    if self._mirror is not None:
+      self._mirror.fetch(int(step))
 
   def all_steps(self) -> list[int]:
     """Committed steps, oldest first."""
@@ -218,7 +182,7 @@ class Checkpointer:
     best = self.config.best_metric
     if metrics is not None and (best is None or best not in metrics):
       metrics = None  # orbax ranks every checkpoint that has metrics: only complete ones
-    paths.makedirs(self.directory)
+    paths.makedirs(self._orbax_dir)
     self._in_flight = int(step)
     with self._write_errors():
       self._manager.save(int(step), args=ocp.args.Composite(
@@ -268,6 +232,8 @@ class Checkpointer:
     a step that retention already removed is skipped). A seal that failed (a full disk)
     stops every process here, together: wait() is called by all of them alike."""
     error, self._seal_error = self._seal_error or self._seal_local(), None
+    if error is None:
+      self._publish()
     if jax.process_count() > 1 and any(all_flags(error is not None)) and error is None:
       raise ConfigError("process 0 could not seal a checkpoint (its output says why)")
     if error is not None:
@@ -290,6 +256,17 @@ class Checkpointer:
     commit rather than at the next save. An error waits for the next wait()."""
     if self._unsealed and not self._manager.is_saving_in_progress():
       self._seal_error = self._seal_error or self._seal_local()
+      if self._seal_error is None:
+        self._publish()
+
+  def _publish(self) -> None:
+    """On s3://, uploads the steps committed and sealed here, and mirrors retention's
+    deletions: a refused upload ends the run in one line, like a refused save."""
+    if self._mirror is not None and self.is_primary:
+      self._in_flight = max(self._manager.all_steps(), default=None)
+      with self._write_errors():
+        self._mirror.publish(self.all_steps())
+      self._in_flight = None
 
   def best(self) -> tuple[int, float] | None:
     """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from
@@ -311,6 +288,7 @@ class Checkpointer:
     """(state, data_state) of checkpoint `step`, with the shapes, dtypes and shardings of
     `abstract_state` (a tree of jax.ShapeDtypeStruct with .sharding, or of arrays);
     verified against its checksums, and finite."""
+    self.fetch(step)
     if self.is_primary:
       integrity.verify(self.step_dir(step), step)
     state, data_state = self._read(step, abstract_state)
@@ -341,6 +319,7 @@ class Checkpointer:
     sealed = None
     with integrity.captured_noise(noise):
       try:
+        self.fetch(step)
         if self.is_primary:
           sealed = integrity.verify(self.step_dir(step), step)
         self._check_structure(step, abstract_state)
@@ -389,6 +368,8 @@ class Checkpointer:
           integrity.check_finite(state, step, self.directory)
           if self.is_primary and not sealed and not self.read_only:
             integrity.seal(self.step_dir(step))  # committed by orbax, read whole: trusted
+            if self._mirror is not None:
+              self._mirror.upload(step, integrity.CHECKSUMS_FILE)
           return state, data_state, step
         except CorruptCheckpointError as e:
           error = e
@@ -419,9 +400,11 @@ class Checkpointer:
           f"{error}{where}. The run stops and changes nothing "
           "(CheckpointConfig.on_corrupt='stop'): move that step folder away to resume from "
           "the one before, or set on_corrupt='fallback'") from error
-    moved = self.step_dir(step)
+    moved = paths.join(self.directory, str(step))
     if self.is_primary and not self.read_only:
       moved = integrity.move_aside(moved)
+      if self._mirror is not None:
+        self._mirror.drop(step)
     if jax.process_count() > 1:
       all_flags(True)  # every process lists the checkpoints after process 0 has moved it
     if not self.read_only:
@@ -444,3 +427,5 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self._manager.close()
+    if self._mirror is not None:
+      self._mirror.close()

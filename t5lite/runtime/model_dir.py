@@ -10,11 +10,12 @@
 
 Export, import, eval and infer need nothing else: no gin files, no task registry.
 
-A MODEL_DIR is a folder or a gs://BUCKET/run URL (t5lite.util.paths reads and writes both):
-with several hosts, a bucket or a folder every host sees (NFS, Filestore, Lustre, a FUSE mount
-at the same path everywhere). s3:// and other URL schemes are refused where checkpoints go
-(check_location), and a multi-process run on a folder checks that all processes see the same
-one (check_shared) before it writes anything there; a bucket is one namespace for every host.
+A MODEL_DIR is a folder or a gs://BUCKET/run or s3://BUCKET/run URL (t5lite.util.paths reads
+and writes them): with several hosts, a gs:// bucket or a folder every host sees (NFS,
+Filestore, Lustre, a FUSE mount at the same path everywhere; s3:// checkpoints are one
+process's: t5lite.runtime.checkpoint_mirror). Other URL schemes are refused (check_location),
+and a multi-process run on a folder checks that all processes see the same one (check_shared)
+before it writes anything there; a bucket is one namespace for every host.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import time
 from t5lite.data.vocab.vocabularies import Vocabulary
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.models.config import ModelConfig
+from t5lite.runtime.checkpoint_mirror import check_single_process
 from t5lite.util import paths
 
 MODEL_CONFIG_FILE = "model_config.json"
@@ -153,12 +155,9 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
     _write_atomic(paths.join(model_dir, GIN_FILE), gin_config_text)
 
 
-def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR", *,
-                   checkpoints: bool = True) -> None:
+def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:
   """Raises ConfigError for a URL other than gs:// and s3:// (say http:// or hdfs://): os.path
-  and open would take it for a relative folder, so each host would write to its own disk.
-  `checkpoints`: the path holds (or will hold) checkpoints, which orbax writes and reads on
-  local paths and gs:// only (its TensorStore specs have no S3 form): s3:// is refused."""
+  and open would take it for a relative folder, so each host would write to its own disk."""
   if not isinstance(path, (str, os.PathLike)):
     return
   path = os.fspath(path)
@@ -166,11 +165,6 @@ def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR", *,
     raise ConfigError(
         f"{what}={path!r}: t5lite reads and writes gs://BUCKET/PATH and "
         "s3://BUCKET/PATH URLs and local folders (or mounts), not this scheme")
-  if checkpoints and path.startswith("s3://"):
-    raise ConfigError(
-        f"{what}={path!r}: checkpoints cannot live on s3:// yet (orbax, which writes them, "
-        "knows local paths and gs:// only): use gs://, or mount the bucket (mountpoint-s3, "
-        "s3fs-fuse) and name the mount; s3:// works for data, vocabularies and exports")
 
 
 # The longest path orbax and t5lite write below a MODEL_DIR, past it: "/checkpoints/" + a
@@ -212,10 +206,14 @@ def check_shared(model_dir: str | os.PathLike, *, patience: float = 5.0) -> None
   then every process looks for it (for up to `patience` seconds: a network filesystem may
   show a new file late). A name new to every host, so no cache can answer for it. Why:
   checkpoints are written by every process and committed by process 0, so a folder on each
-  host's own disk would give checkpoints that no host holds whole."""
+  host's own disk would give checkpoints that no host holds whole. For that reason an s3://
+  MODEL_DIR, whose checkpoints go through one host's disk, is refused too."""
   import jax
   import numpy as np
-  if jax.process_count() == 1 or paths.is_url(model_dir):
+  if jax.process_count() == 1:
+    return
+  check_single_process(os.fspath(model_dir), jax.process_count())
+  if paths.is_url(model_dir):
     return  # (a bucket: every host that names it reaches the same objects)
   from jax.experimental import multihost_utils
 

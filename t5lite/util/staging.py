@@ -15,7 +15,8 @@ folder on the local disk once per version of it (its GCS generation or S3 ETag),
 built once by whichever host gets there first, then mirrored to each host's local disk.
 
 An upload writes every file as one object, and orbax's commit markers (`commit_success.txt`)
-last, so a copy cut short leaves no checkpoint step that looks committed; the other files of
+last, a step's own marker last of all, so a copy cut short leaves no checkpoint step that
+looks committed; the other files of
 an export are readable as soon as they land, as with `gsutil cp -r`. Temporary folders are
 removed either way.
 """
@@ -52,7 +53,7 @@ def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
   root = tempfile.mkdtemp(prefix="t5lite-download-")
   local = os.path.join(root, paths.basename(source.rstrip("/"))) if keep_name else root
   try:
-    _fetch_tree(source, names, local)
+    fetch_tree(source, names, local)
     yield local
   finally:
     shutil.rmtree(root, ignore_errors=True)
@@ -80,12 +81,12 @@ def upload(destination: str) -> Iterator[str]:
   local = tempfile.mkdtemp(prefix="t5lite-upload-")
   try:
     yield local
-    _put_tree(local, destination)
+    put_tree(local, destination)
   finally:
     shutil.rmtree(local, ignore_errors=True)
 
 
-def _fetch_tree(source: str, names: list[str], local: str) -> None:
+def fetch_tree(source: str, names: list[str], local: str) -> None:
   """Streams the objects `names` (relative to the URL `source`) into the folder `local`."""
   for rel in names:
     target = os.path.join(local, *_parts(rel, source))
@@ -94,11 +95,13 @@ def _fetch_tree(source: str, names: list[str], local: str) -> None:
       shutil.copyfileobj(f, out, 8 << 20)
 
 
-def _put_tree(local: str, destination: str, uploaded: list[str] | None = None) -> None:
+def put_tree(local: str, destination: str, uploaded: list[str] | None = None) -> None:
   """Every file under the folder `local` as one object under `destination`, commit markers
-  last; each object's URL is appended to `uploaded` as soon as it is written."""
+  last, the top folder's own last of all (it commits the whole: orbax's step marker); each
+  object's URL is appended to `uploaded` as soon as it is written."""
   files = paths.files_under(local)
-  for rel in sorted(files, key=lambda rel: (rel.rsplit("/", 1)[-1] == COMMIT_MARKER, rel)):
+  for rel in sorted(files, key=lambda rel: (rel.rsplit("/", 1)[-1] == COMMIT_MARKER,
+                                             rel == COMMIT_MARKER, rel)):
     url = paths.join(destination, rel)
     if uploaded is not None:
       uploaded.append(url)
@@ -195,7 +198,7 @@ def built(url: str, build: Callable[[str], None], what: str = "a first-use build
   prefix = published[0].decode("utf-8").strip()
   source = paths.join(url, *_parts(prefix, marker))
   return atomic.build_dir(cache_path(source),
-                          lambda local: _fetch_tree(source, paths.files_under(source), local),
+                          lambda local: fetch_tree(source, paths.files_under(source), local),
                           os.path.isdir)
 
 
@@ -205,7 +208,7 @@ def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> N
   uploaded, won = [], False
   try:
     build(local)
-    _put_tree(local, paths.join(url, prefix), uploaded)
+    put_tree(local, paths.join(url, prefix), uploaded)
     won = storage.create_exclusive(marker, prefix.encode("utf-8")) is not None
   finally:
     shutil.rmtree(local, ignore_errors=True)

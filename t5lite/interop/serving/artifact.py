@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
   from t5lite.runtime.model_dir import check_location
   args = _parser().parse_args(argv)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-  check_location(args.out, "--out", checkpoints=False)
+  check_location(args.out, "--out")
   if paths.is_url(args.out):  # (a local --out: export_serving refuses one that is not empty)
     staging.check_empty(args.out)
   with staging.upload(args.out) as out:  # a bucket URL: written here, then uploaded

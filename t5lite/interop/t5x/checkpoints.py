@@ -427,8 +427,8 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   hints = {k: getattr(args, k) for k in ("mlp_activation", "relative_attention_max_distance")
            if getattr(args, k) is not None}
-  check_location(args.source, "--from", checkpoints=False)
-  check_location(args.out, "--out", checkpoints=True)
+  check_location(args.source, "--from")
+  check_location(args.out, "--out")
   if paths.is_url(args.out):  # (a local --out: write_model_dir refuses one with checkpoints)
     staging.check_empty(args.out)
   # On a bucket: the step read is fetched to local disk, the MODEL_DIR written there first.

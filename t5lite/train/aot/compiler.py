@@ -57,7 +57,7 @@ from t5lite.util import atomic, paths
 
 def main(args, model_config: ModelConfig, config, log: Callable[[str], None] = print) -> int:
   """The CLI verb: compile, print the table and the JSON line."""
-  check_location(args.emit_hlo, "--emit_hlo", checkpoints=False)
+  check_location(args.emit_hlo, "--emit_hlo")
   if args.platform == "cuda":
     report = lower_for_cuda(model_config, config, args.devices, program=args.program,
                             emit_hlo=args.emit_hlo)
