@@ -98,8 +98,8 @@ def _remove_mirrors_of_dead_processes() -> None:
   """A SIGKILLed run leaves its mirror behind (close never ran): removed by the next one."""
   root = tempfile.gettempdir()
   for name in os.listdir(root):
-    pid = name[len(_PREFIX):].split("-", 1)[0]
-    if not (name.startswith(_PREFIX) and pid.isdigit()):
+    pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+    if not pid.isdigit():
       continue
     try:
       os.kill(int(pid), 0)
@@ -107,11 +107,6 @@ def _remove_mirrors_of_dead_processes() -> None:
       shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     except PermissionError:
       pass  # another user's live process
-
-
-def put_file(local: str, url: str) -> None:
-  with open(local, "rb") as f:
-    atomic.write_file(url, f.read())
 
 
 class S3Mirror:
@@ -138,7 +133,7 @@ class S3Mirror:
     for step, names in committed.items():
       source = paths.join(self.remote, str(step))
       fetch_tree(source, [n for n in names if not _is_array_data(n)],
-                  os.path.join(self.local, str(step)))
+                 os.path.join(self.local, str(step)))
       self._published.add(step)
 
   def fetch(self, step: int) -> None:
@@ -147,7 +142,7 @@ class S3Mirror:
       return
     source = paths.join(self.remote, str(step))
     fetch_tree(source, [n for n in paths.files_under(source) if _is_array_data(n)],
-                os.path.join(self.local, str(step)))
+               os.path.join(self.local, str(step)))
     self._fetched.add(step)
 
   def publish(self, kept: list[int]) -> None:
@@ -171,7 +166,8 @@ class S3Mirror:
   def upload(self, step: int, rel: str) -> None:
     """One file of a published step, uploaded again (its checksums, sealed after a restore)."""
     if step in self._published:
-      put_file(os.path.join(self.local, str(step), rel), paths.join(self.remote, str(step), rel))
+      with open(os.path.join(self.local, str(step), rel), "rb") as f:
+        atomic.write_file(paths.join(self.remote, str(step), rel), f.read())
 
   def drop(self, step: int) -> None:
     """Forgets a step here (the bucket's copy was moved aside)."""

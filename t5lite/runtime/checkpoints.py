@@ -15,6 +15,8 @@ every process) is done, so a step folder that exists is complete: a crash or SIG
 leaves only a temporary folder, which is never listed and is removed on the next start. On a
 bucket (MODEL_DIR=gs://...; no folder rename there) orbax writes the step in place and commits
 it with a `commit_success.txt` object written last; a step without one is not listed either.
+On s3://, which orbax cannot write, it writes a local mirror that is uploaded after each save,
+the commit marker last (t5lite/runtime/checkpoint_mirror.py; one process only).
 
 Integrity (t5lite/runtime/integrity.py): once committed, each step is sealed with the CRC32C
 of every file in it, and every restore (resume here; eval, infer, export and
@@ -43,8 +45,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from t5lite.errors import ConfigError
-from t5lite.runtime import integrity
-from t5lite.runtime import checkpoint_mirror
+from t5lite.runtime import checkpoint_mirror, integrity
 from t5lite.runtime.checkpoint_config import CheckpointConfig, metric_of, preservation_policy
 from t5lite.runtime.integrity import CorruptCheckpointError
 from t5lite.runtime.processes import all_flags

@@ -16,9 +16,8 @@ built once by whichever host gets there first, then mirrored to each host's loca
 
 An upload writes every file as one object, and orbax's commit markers (`commit_success.txt`)
 last, a step's own marker last of all, so a copy cut short leaves no checkpoint step that
-looks committed; the other files of
-an export are readable as soon as they land, as with `gsutil cp -r`. Temporary folders are
-removed either way.
+looks committed; the other files of an export are readable as soon as they land, as with
+`gsutil cp -r`. Temporary folders are removed either way.
 """
 from __future__ import annotations
 
