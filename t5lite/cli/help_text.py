@@ -24,7 +24,7 @@ COMPILE_HELP = ("compile the train step (or decoding) for a TPU topology on this
 # The macros of the shipped run files (T5X's names), per gin verb.
 MACROS = {
     "train": """macros (gin/runs/pretrain.gin, finetune.gin; --gin.NAME=VALUE):
-  MODEL_DIR               where checkpoints, metrics and configs go (required; a gs:// URL too)
+  MODEL_DIR               where checkpoints, metrics and configs go (required; gs:// or s3:// too)
   MIXTURE_OR_TASK_NAME    a registered task or mixture (required; `t5lite tasks list`)
   TASK_FEATURE_LENGTHS    e.g. "{'inputs': 512, 'targets': 114}"
   TRAIN_STEPS, BATCH_SIZE the final step and the global batch in rows
