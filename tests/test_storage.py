@@ -5,6 +5,8 @@ is not there, the MODEL_DIR lease in a bucket (t5lite.runtime.lease.BucketLease)
 Checkpointer opening a bucket where a save was cut short."""
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -236,10 +238,11 @@ def test_an_upload_writes_commit_markers_last_and_the_folders_own_last_of_all(bu
 
 
 def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_server):
-  """S3 checkpoints' local mirror (t5lite/runtime/checkpoint_mirror.py) at start: a step with
-  its commit marker is listed with its small files only (array data comes when it is read), a
-  step without one (a killed upload) is deleted, a step set aside stays; after a save,
-  retention's deletions reach the bucket."""
+  """S3 checkpoints' local mirror (t5lite/runtime/checkpoint_mirror.py): a dead process's
+  mirror is removed, a live one's kept; at start a step with its commit marker is listed with
+  its small files only (array data comes when it is read), a step without one (a killed
+  upload) is deleted, a step set aside stays; after a save, retention's deletions reach the
+  bucket once orbax has made them here."""
   from t5lite.runtime import checkpoint_mirror
   with s3_server.activated():
     storage.forget_clients()
@@ -249,7 +252,13 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
                "6/state/d/0a1c": "cut short", "2.corrupt-1/state/d/0a1d": "kept"}
     for rel, text in objects.items():
       storage.create_exclusive(paths.join(url, rel), text.encode())
+    # What a SIGKILLed run left: its folder, its lock file held by nobody.
+    stale = tempfile.mkdtemp(prefix=checkpoint_mirror._PREFIX)
+    open(os.path.join(stale, checkpoint_mirror._LOCK), "w").close()
     mirror = checkpoint_mirror.S3Mirror(url)
+    assert not os.path.exists(stale)
+    checkpoint_mirror.S3Mirror(url).close()  # another mirror beside a live one leaves it
+    assert os.path.isdir(mirror.local)
     mirror.pull(write=True)
     assert paths.files_under(mirror.local) == ["4/_CHECKPOINT_METADATA", "4/commit_success.txt"]
     assert paths.files_under(url) == ["2.corrupt-1/state/d/0a1d", "4/_CHECKPOINT_METADATA",
@@ -259,7 +268,12 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
     os.makedirs(os.path.join(mirror.local, "8"))  # a step orbax committed here, sealed
     with open(os.path.join(mirror.local, "8", "commit_success.txt"), "w") as f:
       f.write("")
-    mirror.publish([8])  # retention kept 8 alone: 4 leaves the bucket
+    # orbax lists 8 alone but 4 is still here (it deletes after a save commits; this one may
+    # yet fail): 4 stays in the bucket; once retention has deleted it here, it goes there too.
+    mirror.publish([8])
+    assert sorted(checkpoint_mirror.committed_steps(url)[0]) == [4, 8]
+    shutil.rmtree(os.path.join(mirror.local, "4"))
+    mirror.publish([8])
     assert checkpoint_mirror.committed_steps(url)[0] == {8: ["commit_success.txt"]}
     assert paths.files_under(url) == ["2.corrupt-1/state/d/0a1d", "8/commit_success.txt"]
     local = mirror.local

@@ -12,20 +12,21 @@ bucket's guarantees kept by the order of the copies:
   that orbax lists and ranks it; its array data is fetched when the step is read (`fetch`).
 - **after a save** (`publish`, once orbax has committed the step locally and t5lite has sealed
   it): every file is uploaded, the commit markers last, so a copy cut short leaves a step the
-  next start does not list, and its array data leaves the local disk (which then holds one
-  step's data at most); then the steps orbax's retention removed here are removed there, the
-  root marker first.
+  next start does not list, and its array data leaves the local disk (what stays there is
+  the step being written and any step read); then the steps orbax's retention deleted here
+  are deleted there, the root marker first.
 - **a damaged step** is copied aside in the bucket (`integrity.move_aside`: no rename there).
 
 The local folder is this process's own (a fresh temporary folder, removed at close; a killed
-process's is removed by the next mirror on that host), so a restart, here or on another host,
-reads what the bucket holds, verified against the step's checksums. One process only: each host of a multi-process job would mirror its own shards
+process's is removed by the next mirror made beside it), so a restart, here or on another
+host, reads what the bucket holds, verified against the step's checksums. One process only: each host of a multi-process job would mirror its own shards
 (such a job is refused on s3:// before it starts). Uploads run in the training thread, after
 each save commits: a save is asynchronous on local disk, its upload is not.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -69,15 +70,16 @@ def committed_steps(remote: str) -> tuple[dict[int, list[str]], list[str]]:
 @contextlib.contextmanager
 def readable_step(path: str, checkpoints_dir: str) -> Iterator[str]:
   """A local copy of a checkpoint on s3:// to read (an s3:// MODEL_DIR or its checkpoints_dir
-  folder: the newest committed step; or one step folder), its errors naming the URL; any
-  other path: itself."""
+  folder: the newest committed step; or one committed step folder), its errors naming the URL;
+  any other path: itself."""
   path = os.fspath(path)
   if not path.startswith("s3://"):
     yield path
     return
   path = path.rstrip("/")
   step_url = path
-  if not paths.basename(path).isdigit():
+  is_step = paths.basename(path).isdigit() and paths.isfile(paths.join(path, COMMIT_MARKER))
+  if not is_step:
     directory = path if paths.basename(path) == checkpoints_dir else paths.join(
         path, checkpoints_dir)
     steps = committed_steps(directory)[0]
@@ -92,21 +94,34 @@ def readable_step(path: str, checkpoints_dir: str) -> Iterator[str]:
 
 
 _PREFIX = "t5lite-s3-checkpoints-"
+_LOCK = ".owner.lock"
 
 
 def _remove_mirrors_of_dead_processes() -> None:
-  """A SIGKILLed run leaves its mirror behind (close never ran): removed by the next one."""
+  """A SIGKILLed run leaves its mirror behind (close never ran): removed by the next one. The
+  owner holds a lock on a file in it while it lives (the kernel drops it with the process),
+  which tells a dead owner from a live one also across containers sharing the folder, where
+  process ids say nothing."""
   root = tempfile.gettempdir()
   for name in os.listdir(root):
-    pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
-    if not pid.isdigit():
+    if not name.startswith(_PREFIX):
       continue
     try:
-      os.kill(int(pid), 0)
-    except ProcessLookupError:
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    except PermissionError:
-      pass  # another user's live process
+      fd = os.open(os.path.join(root, name, _LOCK), os.O_RDWR)
+    except OSError:
+      continue  # being made right now, or not ours to open
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      continue  # its owner lives
+    finally:
+      os.close(fd)
+    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _remove(root: str, lock: int) -> None:
+  shutil.rmtree(root, ignore_errors=True)
+  os.close(lock)
 
 
 class S3Mirror:
@@ -115,10 +130,12 @@ class S3Mirror:
   def __init__(self, remote: str):
     self.remote = remote.rstrip("/")
     _remove_mirrors_of_dead_processes()
-    self._root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+    self._root = tempfile.mkdtemp(prefix=_PREFIX)
+    self._lock = os.open(os.path.join(self._root, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(self._lock, fcntl.LOCK_EX)
     self.local = os.path.join(self._root, paths.basename(self.remote))
     os.makedirs(self.local)
-    self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
+    self._cleanup = weakref.finalize(self, _remove, self._root, self._lock)
     self._fetched: set[int] = set()
     self._published: set[int] = set()
 
@@ -147,7 +164,7 @@ class S3Mirror:
 
   def publish(self, kept: list[int]) -> None:
     """Uploads the committed local steps not in the bucket yet (markers last), then removes
-    from the bucket the steps that are no longer kept here (root marker first)."""
+    from the bucket the steps orbax's retention deleted here (root marker first)."""
     for step in kept:
       folder = os.path.join(self.local, str(step))
       if step not in self._published and os.path.isdir(folder):
@@ -158,6 +175,8 @@ class S3Mirror:
             os.remove(os.path.join(folder, rel))
         self._fetched.discard(step)
     for step in sorted(self._published - set(kept)):
+      if os.path.isdir(os.path.join(self.local, str(step))):
+        continue  # orbax drops a step from its list before a save commits, deletes it after
       step_url = paths.join(self.remote, str(step))
       paths.remove(paths.join(step_url, COMMIT_MARKER))
       paths.remove_tree(step_url)

@@ -193,11 +193,11 @@ class Checkpointer:
     self._unsealed.append(int(step))
 
   @contextlib.contextmanager
-  def _write_errors(self):
+  def _write_errors(self, doing: str | None = None):
     """A save the filesystem refused (full, read-only, no permission, over quota) ends the
-    run with one line naming the step and the OS's words, and the committed checkpoints
-    intact (orbax writes into a temporary folder); the details go to the log file. Other
-    errors are bugs and keep their traceback."""
+    run with one line naming the step (or `doing`) and the OS's words, and the committed
+    checkpoints intact (orbax writes into a temporary folder); the details go to the log
+    file. Other errors are bugs and keep their traceback."""
     try:
       yield
     except Exception as e:  # orbax and TensorStore wrap OS errors in their own kinds
@@ -207,8 +207,9 @@ class Checkpointer:
       if not any(_is_environment_error(c) for c in causes):
         raise
       step, self._in_flight = self._in_flight, None
-      log_path = integrity.log_details(self.model_dir, f"saving checkpoint step {step} "
-                                       f"failed:\n{integrity.error_details(e)}")
+      doing = doing or f"saving checkpoint step {step} in {self.directory}"
+      log_path = integrity.log_details(self.model_dir,
+                                       f"{doing} failed:\n{integrity.error_details(e)}")
       try:
         committed = ", ".join(map(str, sorted(s for s in self._manager.all_steps()
                                               if s != step))) or "none"
@@ -218,13 +219,17 @@ class Checkpointer:
         committed = "not listed: the storage failed again"
       words = next((w for c in causes for w in _OS_ERROR_WORDS[:-1] if w in str(c)), None)
       reason = integrity.first_line(e, 300)
+      on_bucket = paths.is_url(self._orbax_dir) or any(storage.is_service_error(c)
+                                                       for c in causes)
       raise CheckpointWriteError(
-          f"saving checkpoint step {step} in {self.directory} failed: "
+          f"{doing} failed: "
           + (f"{words} ({reason})" if words and not reason.startswith("[Errno") else reason)
           + "; the committed checkpoints "
           f"({committed}) are intact: "
-          + ("check that the bucket is reachable and writable" if paths.is_url(self.directory)
-             else "free space or fix the folder")
+          + ("check that the bucket is reachable and writable" if on_bucket
+             else "free space or fix the folder" + (
+                 f" {self._orbax_dir} (the local copy of the s3:// checkpoints)"
+                 if self._mirror else ""))
           + ", then rerun the same command to resume"
           + (f" (details in {log_path})" if log_path else "")) from e
 
@@ -263,11 +268,13 @@ class Checkpointer:
   def _publish(self) -> None:
     """On s3://, uploads the steps committed and sealed here, and mirrors retention's
     deletions: a refused upload ends the run in one line, like a refused save."""
-    if self._mirror is not None and self.is_primary:
-      self._in_flight = max(self._manager.all_steps(), default=None)
-      with self._write_errors():
-        self._mirror.publish(self.all_steps())
-      self._in_flight = None
+    if self._mirror is None or not self.is_primary or self.read_only:
+      return
+    lost = self.lease.check() if self.lease is not None else None
+    if lost:
+      raise ConfigError(lost)
+    with self._write_errors(f"copying checkpoints to {self.directory}"):
+      self._mirror.publish(self.all_steps())
 
   def best(self) -> tuple[int, float] | None:
     """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from

@@ -104,7 +104,9 @@ def put_tree(local: str, destination: str, uploaded: list[str] | None = None) ->
     url = paths.join(destination, rel)
     if uploaded is not None:
       uploaded.append(url)
-    atomic.write_file(url, pathlib.Path(local, rel).read_bytes())
+    # Streamed (a checkpoint's data files reach gigabytes); the object appears at close.
+    with open(os.path.join(local, rel), "rb") as f, paths.open_binary(url, "wb") as out:
+      shutil.copyfileobj(f, out, 8 << 20)
 
 
 def renamed(report, local: str, destination: str):
