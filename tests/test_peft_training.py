@@ -9,6 +9,7 @@ import pytest
 import train_tasks  # noqa: F401 (registers train_test_copy)
 from helpers import BYTE_VOCAB_SIZE, quiet, train_config
 from helpers import tiny as _tiny
+from helpers import tiny_encoder_only
 from t5lite.errors import ConfigError
 from t5lite.interop import params_only
 from t5lite.families import family_of
@@ -149,6 +150,17 @@ def test_a_base_of_another_model_is_refused(tmp_path):
   write_base(tmp_path / "base", tiny())
   with pytest.raises(ConfigError, match="d_ff: base 64, run 48"):
     Trainer(tiny(d_ff=48), train_config(str(tmp_path / "run"), peft=options(tmp_path / "base")))
+
+
+def test_a_base_pretrained_with_a_next_sentence_head_takes_a_classifier_run():
+  """As peft on AutoModelForSequenceClassification of a BERT pretraining checkpoint: the
+  run's own head (a classifier, no next-sentence head) differs from the base's; the encoder
+  must not."""
+  base = tiny_encoder_only(pooler=True, type_vocab_size=2, sentence_classes=2)
+  run = base.replace(head="sequence_classification", num_labels=8, sentence_classes=0)
+  assert peft_lib.adapted_config(run, base, options("base")).adapter == LORA
+  with pytest.raises(ConfigError, match="d_model: base 32, run 48"):
+    peft_lib.adapted_config(run.replace(d_model=48), base, options("base"))
 
 
 PROMPT = AdapterConfig(method="prompt_tuning", num_virtual_tokens=4)

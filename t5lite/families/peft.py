@@ -43,7 +43,7 @@ Tree = Any
 # weights the adapters were fitted to (a finetuning head is new params, see the docstring).
 FREE_FIELDS = frozenset({"dropout_rate", "classifier_dropout", "dtype", "param_dtype",
                          "remat_policy", "adapter", "head", "num_labels", "problem_type",
-                         "classifier_activation"})
+                         "classifier_activation", "sentence_classes"})
 
 
 @dataclasses.dataclass(frozen=True)
