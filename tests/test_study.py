@@ -189,3 +189,44 @@ def test_a_smoke_study_scored_by_pretraining_runs_no_finetuning(tmp_path):
     assert sorted(os.listdir(out / arm / "seed0")) == ["pretrain", "pretrain.log", "result.json"]
   assert "--gin.MoeConfig.num_experts=8" in done.stdout  # each run's command, printed first
 
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_smoke_study_of_finetuning_methods_pretrains_once_and_adapts_that_model(tmp_path):
+  """peft_vs_full at smoke scale: one pretraining (the full arm's), finetuned three ways; the
+  LoRA and prompt-tuning runs name it as their frozen base (the same fingerprint), count their
+  steps from 0 and store only what trained."""
+  out = tmp_path / "study"
+  done = run_t5lite("study", "peft_vs_full", "--scale", "smoke", "--out", out, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  line = json.loads(done.stdout.strip().splitlines()[-1])
+  assert {arm: a["published"] for arm, a in line["arms"].items()} == {
+      "full": 86.4, "lora": 87.2, "prompt_tuning": None}
+  pretrain = out / "full" / "seed0" / "pretrain"
+  task = "stdlib_docstring_module_head"
+  full = json.loads((out / "full" / "seed0" / "result.json").read_text())
+  stored, fingerprints = {}, set()
+  for arm, method in (("lora", "lora"), ("prompt_tuning", "prompt_tuning")):
+    assert sorted(os.listdir(out / arm / "seed0")) == [
+        f"finetune_{task}", f"finetune_{task}.log", "result.json"]  # no pretraining of its own
+    figures = json.loads((out / arm / "seed0" / "result.json").read_text())
+    assert figures["curve"] == full["curve"] and figures["pretrain_steps"] == 6
+    assert 0 <= figures["downstream"][task] <= 100
+    run = out / arm / "seed0" / f"finetune_{task}"
+    record = json.loads((run / "peft.json").read_text())
+    assert record["base"] == str(pretrain) and record["adapter"]["method"] == method
+    assert max(r["step"] for r in map(json.loads, (run / "metrics.jsonl").open())) == 4
+    stored[arm] = _newest_step_bytes(run)
+    fingerprints.add(record["base_fingerprint"])
+  full_run = out / "full" / "seed0" / f"finetune_{task}"
+  assert max(r["step"] for r in map(json.loads, (full_run / "metrics.jsonl").open())) == 10
+  assert len(fingerprints) == 1
+  assert max(stored.values()) < _newest_step_bytes(full_run) / 3, stored
+  assert "finetuned by lora" in done.stdout and "the pretrained model of arm full" in done.stdout
+
+
+def _newest_step_bytes(model_dir) -> int:
+  newest = max((p for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
+               key=lambda p: int(p.name))
+  return sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())

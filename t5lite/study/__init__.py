@@ -83,8 +83,15 @@ def main(argv: list[str]) -> int:
                     "downstream": [task.task for task in scale.downstream]})
   for arm in study.arms:
     steps = plan.get(arm.name, {}).get("steps", 0)
-    say(f"arm {arm.label}: {steps:,} pretraining steps"
-        + (f" ({plan[arm.name]['flops']:.3g} FLOPs)" if steps else " (none: from scratch)"))
+    method = ("" if arm.finetuning.method == "full"
+              else f"; finetuned by {arm.finetuning.method}")
+    if arm.pretrained_by:
+      say(f"arm {arm.label}: the pretrained model of arm "
+          f"{study.arm(arm.pretrained_by).label}{method}")
+    else:
+      say(f"arm {arm.label}: {steps:,} pretraining steps"
+          + (f" ({plan[arm.name]['flops']:.3g} FLOPs)" if steps else " (none: from scratch)")
+          + method)
   results = runner.run(study, args.scale, args.seeds, out, say)
   summary = report.summarize(study, results, args.scale)
   paths = report.write(study, results, summary, out)

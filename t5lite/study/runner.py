@@ -17,7 +17,7 @@ import sys
 import time
 
 from t5lite.cli.plot import last_value, read_metrics
-from t5lite.study.spec import FINETUNE_RUN, Arm, Scale, Study
+from t5lite.study.spec import FINETUNE_RUN, Arm, Finetuning, Scale, Study
 from t5lite.util import atomic
 
 RESULT_FILE = "result.json"
@@ -114,6 +114,26 @@ def _teacher_bindings(arm: Arm, out: str, seed: int, folder: str, say) -> list[s
   return bindings
 
 
+def _finetuning_start(arm: Arm, pretrain: str, steps: int, say) -> tuple[str, int]:
+  """(what finetuning starts from, its step) after `arm`'s pretraining in `pretrain`: the
+  MODEL_DIR itself, or a part of its HF export (Pretraining.finetune_from)."""
+  source = arm.pretraining.finetune_from
+  if source.startswith("hf:"):
+    exported = _export("hf", pretrain, pretrain + "_hf", [], pretrain + ".log", say)
+    return os.path.join(exported, source[3:]), 0
+  return pretrain, steps
+
+
+def _method_bindings(finetuning: Finetuning, start: str) -> list[str]:
+  """Full finetuning starts from `start` ('None': a random init); a PEFT method adapts it,
+  frozen, as its BASE (as gin/runs/lora.gin does)."""
+  if finetuning.method == "full":
+    return [f"INITIAL_CHECKPOINT_PATH={start if start == 'None' else repr(start)}"]
+  return ["INITIAL_CHECKPOINT_PATH=None", "TrainConfig.peft=@PeftConfig()",
+          f"PeftConfig.base={start!r}", "PeftConfig.adapter=@AdapterConfig()",
+          f"AdapterConfig.method={finetuning.method!r}"]
+
+
 def _pretraining_figures(model_dir: str) -> dict:
   """The run's training-loss curve [[step, loss], ...] and its last eval row
   {'TASK/METRIC': value} (its pretraining task's loss, say), from one read of its metrics."""
@@ -160,12 +180,14 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
                   **_pretraining_figures(pretrain))
-    source = arm.pretraining.finetune_from
-    if source.startswith("hf:"):
-      start = os.path.join(_export("hf", pretrain, pretrain + "_hf", [], pretrain + ".log", say),
-                           source[3:])
-    else:
-      start, start_step = pretrain, steps
+    start, start_step = _finetuning_start(arm, pretrain, steps, say)
+  elif arm.pretrained_by:  # an earlier arm of this seed pretrained the model
+    owner = study.arm(arm.pretrained_by)
+    pretrain = os.path.join(out, owner.name, f"seed{seed}", "pretrain")
+    steps = plan[owner.name]["steps"]
+    result.update(pretrain_steps=steps, pretrain_flops=plan[owner.name]["flops"],
+                  **_pretraining_figures(pretrain))
+    start, start_step = _finetuning_start(owner, pretrain, steps, say)
   if study.scored_by_pretraining:
     loss = pretraining_loss(result)
     if loss is None:
@@ -180,9 +202,10 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
            [*scale.model_bindings, *arm.model_bindings, *study.finetune_bindings,
             *scale.finetune_bindings, seed_binding, f"MIXTURE_OR_TASK_NAME='{task.task}'",
             f"ModelConfig.num_labels={task.num_labels}",
-            f"INITIAL_CHECKPOINT_PATH={start if start == 'None' else repr(start)}",
+            *_method_bindings(arm.finetuning, start), *arm.finetuning.bindings,
             "TrainConfig.run_eval_before_training=False",
-            *schedule(scale.finetune_steps, start_step)], say)
+            *schedule(scale.finetune_steps, 0 if arm.finetuning.method != "full"
+                      else start_step)], say)
     value = last_value(finetune, f"eval/{task.task}/{task.metric}")
     if value is None:
       raise RuntimeError(f"{finetune} logged no eval/{task.task}/{task.metric}")

@@ -50,16 +50,36 @@ class Pretraining:
   not from a random init."""
 
 
+PEFT_METHODS = ("lora", "prompt_tuning", "prefix_tuning")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finetuning:
+  """How an arm finetunes when the method is what its study varies: 'full' (every param,
+  the study's recipe) or a PEFT method of t5lite.models.adapters, whose adapter (and the new
+  head, whole) trains on the frozen pretrained model, its step counter from 0."""
+  method: str = "full"
+  bindings: tuple[str, ...] = ()
+  """The method's own settings from its paper (rank, soft tokens, its optimizer)."""
+
+  def __post_init__(self):
+    assert self.method == "full" or self.method in PEFT_METHODS, self.method
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
   name: str
   label: str
   pretraining: Pretraining | None
-  """None: finetuned from a random init."""
+  """None: finetuned from a random init, or from `pretrained_by`'s pretraining."""
   model_bindings: tuple[str, ...] = ()
   """Model changes the arm keeps through pretraining and finetuning (an activation, a norm)."""
   published: float | None = None
   """The paper's figure for this arm (Study.published_metric), None where it gives none."""
+  pretrained_by: str = ""
+  """An earlier arm whose pretrained model (same seed) this arm finetunes instead of
+  pretraining its own: arms that differ only in how they finetune share one pretraining."""
+  finetuning: Finetuning = Finetuning()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +126,15 @@ class Study:
     for i, arm in enumerate(self.arms):  # a teacher runs first, in the same seed
       assert not arm.pretraining or not arm.pretraining.teacher or (
           arm.pretraining.teacher in names[:i]), arm.name
+      assert not arm.pretrained_by or (  # and so does the arm whose pretraining is shared
+          not arm.pretraining and arm.pretrained_by in names[:i]
+          and self.arm(arm.pretrained_by).pretraining), arm.name
+      assert arm.finetuning.method == "full" or arm.pretraining or arm.pretrained_by, (
+          f"{arm.name}: a PEFT arm needs a pretrained model to adapt")
     for pair in self.orderings:
       assert set(pair) <= set(names), pair
     assert not self.scored_by_pretraining or all(arm.pretraining for arm in self.arms), (
-        "every arm of a study scored by pretraining pretrains")
+        "every arm of a study scored by pretraining pretrains its own model")
 
   def arm(self, name: str) -> Arm:
     return next(arm for arm in self.arms if arm.name == name)
