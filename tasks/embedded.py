@@ -12,6 +12,9 @@ of each, and cache them beside spiece.model as t5lite vocabulary folders
 reads them, and `t5lite export hf` writes them as HF tokenizer files).
 
   stdlib_span_corruption    T5 span corruption pretraining on every document
+  stdlib_prefix_lm          T5's LM objective for an encoder-decoder: pieces of
+                            min(inputs, targets) - 1 tokens, each split at a uniformly drawn
+                            point into a prefix (inputs) and its continuation (targets)
   stdlib_docstring_summary  a docstring's body -> its first line, scored by ROUGE
   stdlib_lm                 GPT-2 style causal LM: byte-level BPE (LM_VOCAB_SIZE ids,
                             <|endoftext|> = 0 after each document), documents concatenated
@@ -35,7 +38,8 @@ from t5lite.util import atomic, paths, staging
 from t5lite.data import preprocessors as pp
 from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
 from t5lite.data.objectives.chains import (causal_lm_preprocessors, mlm_preprocessors,
-                                     span_corruption_preprocessors)
+                                           prefix_lm_preprocessors,
+                                           span_corruption_preprocessors)
 from t5lite.data.registry import CACHE_POINT, Feature, TaskRegistry, add_task
 from t5lite.data.sources.readers import TfdsSource, prepare_tfds_dataset
 from t5lite.data.sources.tfds import is_prepared_dir
@@ -230,6 +234,11 @@ def register() -> None:
     add_task("stdlib_span_corruption", SOURCES, FEATURES,
              [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
               *span_corruption_preprocessors()])
+    # T5's LM objective for an encoder-decoder (Raffel et al. 2020, Table 2 and 4): each
+    # piece split at a random point, the prefix into the encoder, the continuation out.
+    add_task("stdlib_prefix_lm", SOURCES, FEATURES,
+             [pp.rekey({"inputs": None, "targets": "text"}), pp.tokenize, CACHE_POINT,
+              *prefix_lm_preprocessors()])
     add_task("stdlib_docstring_summary", SOURCES, FEATURES,
              [docstring_summary, pp.tokenize, CACHE_POINT, pp.append_eos_after_trim],
              postprocess_fn=strip, metric_fns=[metrics.rouge])

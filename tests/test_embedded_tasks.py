@@ -44,6 +44,21 @@ def test_span_corruption_task_makes_t5_examples():
     assert e["targets"][0] == vocab.vocab_size - 1  # <extra_id_0> opens the targets
 
 
+def test_prefix_lm_task_gives_a_prefix_to_the_encoder_and_its_continuation_to_the_decoder():
+  """T5's LM objective: each example is one piece of the concatenated text, split once at a
+  point drawn per example, EOS after both halves."""
+  lengths = {"inputs": 48, "targets": 40}
+  ex = describe.preprocessed_examples(TaskRegistry.get("stdlib_prefix_lm"), "train", lengths, 6)
+  splits = set()
+  for e in ex:
+    inputs, targets = list(e["inputs"]), list(e["targets"])
+    assert inputs[-1] == 1 and targets[-1] == 1  # EOS on both
+    assert len(inputs) + len(targets) - 2 == min(lengths.values()) - 1  # one whole piece
+    assert len(inputs) >= 2 and len(targets) >= 2  # a prefix, and something to predict
+    splits.add(len(inputs))
+  assert len(splits) > 2  # the split point is drawn per example
+
+
 def test_docstring_summary_task_and_its_metric():
   task = TaskRegistry.get("stdlib_docstring_summary")
   ex = describe.preprocessed_examples(task, "validation", {"inputs": 256, "targets": 32}, 2)
