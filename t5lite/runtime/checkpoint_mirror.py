@@ -19,12 +19,15 @@ bucket's guarantees kept by the order of the copies:
 
 The local folder is this process's own (a fresh temporary folder, removed at close; a killed
 process's is removed by the next mirror made beside it), so a restart, here or on another
-host, reads what the bucket holds, verified against the step's checksums. One process only: each host of a multi-process job would mirror its own shards
-(such a job is refused on s3:// before it starts). Uploads run in the training thread, after
-each save commits: a save is asynchronous on local disk, its upload is not.
+host, reads what the bucket holds, verified against the step's checksums. One process only:
+each host of a multi-process job would mirror its own shards (such a job is refused on s3://
+before it starts). A step's upload runs in a thread of its own once the step has committed
+(`publish_in_background`), so training goes on meanwhile; the next save and the end of the
+run wait for it (`finish_publishing`), and it raises its error there.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import os
@@ -138,6 +141,8 @@ class S3Mirror:
     self._cleanup = weakref.finalize(self, _remove, self._root, self._lock)
     self._fetched: set[int] = set()
     self._published: set[int] = set()
+    self._uploader = concurrent.futures.ThreadPoolExecutor(1, "t5lite-s3-upload")
+    self._upload: concurrent.futures.Future | None = None
 
   def pull(self, *, write: bool) -> None:
     """Lists the bucket's committed steps here, small files only; with `write`, deletes what
@@ -182,6 +187,23 @@ class S3Mirror:
       paths.remove_tree(step_url)
       self._published.discard(step)
 
+  def publish_in_background(self, kept: list[int]) -> None:
+    """`publish` in the upload thread; one upload at a time (the previous one is waited for
+    first, and its error raised)."""
+    self.finish_publishing()
+    self._upload = self._uploader.submit(self.publish, list(kept))
+
+  def finish_publishing(self) -> None:
+    """Waits for the upload in flight, if any, and raises its error."""
+    upload, self._upload = self._upload, None
+    if upload is not None:
+      upload.result()
+
+  def raise_failed_upload(self) -> None:
+    """Raises the error of an upload that has ended, without waiting for one in flight."""
+    if self._upload is not None and self._upload.done():
+      self.finish_publishing()
+
   def upload(self, step: int, rel: str) -> None:
     """One file of a published step, uploaded again (its checksums, sealed after a restore)."""
     if step in self._published:
@@ -195,4 +217,9 @@ class S3Mirror:
     self._fetched.discard(step)
 
   def close(self) -> None:
+    """Removes the local folder, once an upload in flight has ended (its error, if any, was
+    the Checkpointer's to raise at its last wait: a close after another error ignores it)."""
+    with contextlib.suppress(Exception):
+      self.finish_publishing()
+    self._uploader.shutdown()
     self._cleanup()

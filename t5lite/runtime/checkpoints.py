@@ -259,22 +259,33 @@ class Checkpointer:
   def seal_committed(self) -> None:
     """Seals what orbax has committed by now, without waiting for a save in flight and with
     no collective: the loop calls it after every step, so a step is sealed soon after its
-    commit rather than at the next save. An error waits for the next wait()."""
+    commit rather than at the next save (on s3://, and its upload starts). An error waits
+    for the next wait(), but an upload's that has ended is raised here."""
+    if self._mirror is not None and self.is_primary:
+      with self._write_errors(self._copying):
+        self._mirror.raise_failed_upload()
     if self._unsealed and not self._manager.is_saving_in_progress():
       self._seal_error = self._seal_error or self._seal_local()
       if self._seal_error is None:
-        self._publish()
+        self._publish(background=True)
 
-  def _publish(self) -> None:
+  @property
+  def _copying(self) -> str:
+    return f"copying checkpoints to {self.directory}"
+
+  def _publish(self, background: bool = False) -> None:
     """On s3://, uploads the steps committed and sealed here, and mirrors retention's
-    deletions: a refused upload ends the run in one line, like a refused save."""
+    deletions, in the mirror's upload thread (with `background`, training goes on; else
+    waited for). A refused upload ends the run in one line, like a refused save."""
     if self._mirror is None or not self.is_primary or self.read_only:
       return
     lost = self.lease.check() if self.lease is not None else None
     if lost:
       raise ConfigError(lost)
-    with self._write_errors(f"copying checkpoints to {self.directory}"):
-      self._mirror.publish(self.all_steps())
+    with self._write_errors(self._copying):
+      self._mirror.publish_in_background(self.all_steps())
+      if not background:
+        self._mirror.finish_publishing()
 
   def best(self) -> tuple[int, float] | None:
     """(step, value) of the kept checkpoint with the best CheckpointConfig.best_metric, from
