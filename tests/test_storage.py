@@ -282,6 +282,38 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
     storage.forget_clients()
 
 
+def test_an_s3_upload_runs_beside_training_and_a_refused_one_stops_the_run_at_a_step(s3_server):
+  """On s3:// a committed step is uploaded in the mirror's own thread: the step that starts
+  the upload returns before it (a synchronous upload to the missing bucket would raise
+  there); an upload the storage refuses (the bucket is gone) stops the run at a following
+  step in one line naming the URL, with the committed steps named intact."""
+  import fsspec
+  with s3_server.activated():
+    storage.forget_clients()
+    bucket = s3_server.new_bucket()
+    run = s3_server.url(bucket, "run")
+    checkpointer = checkpoints.Checkpointer(run)
+    checkpointer.save(2, {"w": np.arange(5.0)}, {"position": 2})
+    checkpointer.wait()  # committed, sealed and uploaded
+    assert paths.exists(f"{run}/checkpoints/2/commit_success.txt")
+    s3 = fsspec.filesystem("s3")
+    s3.rm(bucket, recursive=True)  # every object, then the bucket itself
+    checkpointer.save(4, {"w": np.arange(5.0) + 1}, {"position": 4})
+    checkpointer._manager.wait_until_finished()  # committed here; its upload not started
+    checkpointer.seal_committed()  # sealed; the upload starts and this step goes on
+    deadline = time.monotonic() + 60
+    with pytest.raises(checkpoints.CheckpointWriteError) as stopped:
+      while time.monotonic() < deadline:  # the steps after it
+        checkpointer.seal_committed()
+        time.sleep(0.05)
+    message = str(stopped.value)
+    assert message.startswith(f"copying checkpoints to {run}/checkpoints failed: "), message
+    assert "the committed checkpoints (2) are intact: check that the bucket is reachable" in (
+        message)
+    checkpointer._mirror.close()
+    storage.forget_clients()
+
+
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])
 def test_a_vocabulary_in_a_bucket_loads_as_the_same_one_from_disk(bucket, kind, tmp_path):
   _, url = bucket
