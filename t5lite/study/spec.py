@@ -97,6 +97,11 @@ class Scale:
   finetune_bindings: tuple[str, ...] = ()
 
 
+BERT_SMALL_SCALE = Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
+                         model_bindings=BERT_SMALL, pretrain_bindings=("BATCH_SIZE=128",))
+"""The `small` scale of the presets on gin/models/bert/tiny.gin: BERT-Small, batch 128."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
   name: str

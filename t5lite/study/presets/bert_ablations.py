@@ -8,7 +8,7 @@ pairs (no next-sentence head), and MLM alone on packed full segments (gin/runs/s
 BERT's left-to-right arm is not here: it needs a decoder finetuned on these tasks in their
 decoder format, which the study's one finetuning recipe does not cover yet.
 """
-from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL_SCALE, Arm, Pretraining, Scale, Study, register
 
 PAIRS = "gin/runs/stdlib_bert_pretrain.gin"
 
@@ -23,10 +23,7 @@ register(Study(
     orderings=(("mlm_nsp", "mlm"), ("mlm_full", "mlm_nsp")),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=1_000, finetune_steps=300),
-        # BERT-Small, batch 128.
-        "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       model_bindings=BERT_SMALL,
-                       pretrain_bindings=("BATCH_SIZE=128",)),
+        "small": BERT_SMALL_SCALE,
     },
     note=("BERT's ablation scored MNLI, QNLI, MRPC, SST-2 and SQuAD; the embedded head tasks "
           "stand in for them here."),

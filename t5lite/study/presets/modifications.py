@@ -7,7 +7,7 @@ The gated variants carry a third MLP matrix: at equal FLOPs they get fewer steps
 al. shrink d_ff instead). The paper gives SuperGLUE scores per variant for T5-base at scale;
 the table shows the orderings only.
 """
-from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL_SCALE, Arm, Pretraining, Scale, Study, register
 
 MLM = Pretraining("gin/runs/stdlib_mlm.gin")
 
@@ -30,8 +30,6 @@ register(Study(
     orderings=(("geglu", "relu"), ("swiglu", "relu")),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=800, finetune_steps=300),
-        "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       model_bindings=BERT_SMALL,
-                       pretrain_bindings=("BATCH_SIZE=128",)),
+        "small": BERT_SMALL_SCALE,
     },
 ))

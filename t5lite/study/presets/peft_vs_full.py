@@ -14,7 +14,8 @@ starts at 0. Lester et al.'s Adafactor at 0.3 is for T5's text-to-text tasks, wh
 the prompt trains; a classifier trained at that rate diverges, so the prompt arm keeps the
 study's AdamW, as peft's sequence-classification examples do.
 """
-from t5lite.study.spec import BERT_SMALL, Arm, Finetuning, Pretraining, Scale, Study, register
+from t5lite.study.spec import (BERT_SMALL_SCALE, Arm, Finetuning, Pretraining, Scale, Study,
+                               register)
 
 LORA = ("AdapterConfig.r=8", "AdapterConfig.lora_alpha=8", "AdapterConfig.lora_dropout=0.1",
         "AdapterConfig.target_modules=('query', 'value')")
@@ -34,9 +35,7 @@ register(Study(
     orderings=(("lora", "full"), ("full", "prompt_tuning"), ("lora", "prompt_tuning")),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=1_000, finetune_steps=300),
-        # BERT-Small, batch 128.
-        "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       model_bindings=BERT_SMALL, pretrain_bindings=("BATCH_SIZE=128",)),
+        "small": BERT_SMALL_SCALE,
     },
     note=("Every arm finetunes for the same steps from the same pretrained model with the "
           "same optimizer, learning rate and schedule; only what trains differs. Hu et al.'s "

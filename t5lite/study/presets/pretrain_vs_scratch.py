@@ -4,7 +4,7 @@ init (Raffel et al. 2020, Table 1: GLUE average 83.28 pretrained vs 66.22 withou
 The pretrained arm is BERT's MLM on the embedded corpus; the scratch arm finetunes the same
 network, with the same steps and recipe, from a random init.
 """
-from t5lite.study.spec import BERT_SMALL, Arm, Pretraining, Scale, Study, register
+from t5lite.study.spec import BERT_SMALL_SCALE, Arm, Pretraining, Scale, Study, register
 
 register(Study(
     name="pretrain_vs_scratch",
@@ -17,9 +17,6 @@ register(Study(
     orderings=(("pretrained", "scratch"),),
     scales={
         "tiny": Scale("gin/models/bert/tiny.gin", pretrain_steps=1_200, finetune_steps=300),
-        # BERT-Small, batch 128.
-        "small": Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
-                       model_bindings=BERT_SMALL,
-                       pretrain_bindings=("BATCH_SIZE=128",)),
+        "small": BERT_SMALL_SCALE,
     },
 ))
