@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from t5lite.errors import ConfigError
+from t5lite.models import adapters
 
 FINETUNE_RUN = "gin/runs/bert_finetune.gin"
 SMOKE = "smoke"
@@ -50,9 +51,6 @@ class Pretraining:
   not from a random init."""
 
 
-PEFT_METHODS = ("lora", "prompt_tuning", "prefix_tuning")
-
-
 @dataclasses.dataclass(frozen=True)
 class Finetuning:
   """How an arm finetunes when the method is what its study varies: 'full' (every param,
@@ -63,7 +61,7 @@ class Finetuning:
   """The method's own settings from its paper (rank, soft tokens, its optimizer)."""
 
   def __post_init__(self):
-    assert self.method == "full" or self.method in PEFT_METHODS, self.method
+    assert self.method == "full" or self.method in adapters.METHODS, self.method
 
 
 @dataclasses.dataclass(frozen=True)
