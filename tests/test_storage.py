@@ -314,6 +314,37 @@ def test_an_s3_upload_runs_beside_training_and_a_refused_one_stops_the_run_at_a_
     storage.forget_clients()
 
 
+def test_an_initial_checkpoint_in_a_bucket_loads_as_the_local_one_read_once(bucket, tmp_path,
+                                                                           monkeypatch):
+  """INITIAL_CHECKPOINT_PATH on a bucket: the params equal those read from the same MODEL_DIR
+  on disk; on s3:// the step is downloaded once for its shapes and params alike (gs:// is read
+  in place)."""
+  import jax
+
+  import train_tasks  # noqa: F401 (registers train_test_copy)
+  from helpers import BYTE_VOCAB_SIZE, assert_trees_equal, tiny, train_config
+  from helpers.storage_servers import upload_tree
+  from t5lite.interop import params_only
+  from t5lite.train.trainer import Trainer
+  from t5lite.util import staging
+  server, url = bucket
+  config = tiny(vocab_size=BYTE_VOCAB_SIZE, num_encoder_layers=1, num_decoder_layers=1)
+  trainer = Trainer(config, train_config(tmp_path / "base_run"))
+  params = jax.device_get(trainer.fresh_state().params)
+  params_only.write_model_dir(str(tmp_path / "base"), config, params, step=0, vocabulary=None)
+  upload_tree(tmp_path / "base", f"{url}/base")
+  downloads = []
+  download = staging.download
+  monkeypatch.setattr(staging, "download",
+                      lambda *a, **k: downloads.append(a[0]) or download(*a, **k))
+  local, step = trainer.initial_params(str(tmp_path / "base"))
+  remote, remote_step = trainer.initial_params(f"{url}/base")
+  assert remote_step == step == 0
+  assert_trees_equal(jax.device_get(remote), jax.device_get(local))
+  assert_trees_equal(jax.device_get(remote), params)
+  assert len(downloads) == (1 if server.scheme == "s3" else 0), downloads
+
+
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])
 def test_a_vocabulary_in_a_bucket_loads_as_the_same_one_from_disk(bucket, kind, tmp_path):
   _, url = bucket

@@ -19,6 +19,7 @@ from t5lite.errors import ConfigError
 from t5lite.models.config import ModelConfig
 from t5lite.runtime import checkpoint_reader
 from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime.checkpoint_mirror import readable_step
 from t5lite.runtime import model_dir as model_dir_lib
 from t5lite.train import warm_start
 from t5lite.util import paths
@@ -44,16 +45,26 @@ def load(path: str, program, model_config: ModelConfig, vocabulary, seed: int,
   path = paths.absolute(path)
   hf = paths.isfile(paths.join(path, "config.json")) and not paths.isdir(
       paths.join(path, ckpt_lib.CHECKPOINTS_DIR))
+  if hf:
+    return _load(path, path, True, program, model_config, vocabulary, seed, log)
+  # On s3:// the step is downloaded once here, for its shapes and its params alike.
+  with readable_step(path, ckpt_lib.CHECKPOINTS_DIR) as local:
+    return _load(path, local, False, program, model_config, vocabulary, seed, log)
+
+
+def _load(path: str, source: str, hf: bool, program, model_config: ModelConfig, vocabulary,
+          seed: int, log: Callable[[str], None]) -> tuple[Tree, int]:
+  """load() from `source` (`path` itself, or its local copy on s3://)."""
   wanted = warm_start.shapes_of(program.abstract_params)
   if hf:
     hf_tree, old_vocab = hf_params(path, model_config, vocabulary)
     saved, step = warm_start.shapes_of(hf_tree), 0
   else:
-    saved = checkpoint_reader.saved_param_shapes(path)
+    saved = checkpoint_reader.saved_param_shapes(source)
   if saved == wanted:
     if hf:
       return place(hf_tree, model_config, program.param_shardings), 0
-    return checkpoint_reader.restore_params(path, program.abstract_params)
+    return checkpoint_reader.restore_params(source, program.abstract_params)
   if not hf:
     old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
   # Rows are added only for ids the task's vocabulary has beyond the checkpoint's (added
@@ -73,7 +84,7 @@ def load(path: str, program, model_config: ModelConfig, vocabulary, seed: int,
                 for k, v in warm_start.flat(program.abstract_params).items()
                 if k in plan.carried or k in plan.grown}
     tree = warm_start.subset_tree(program.abstract_params, abstract)
-    restored, step = checkpoint_reader.restore_params(path, tree, subset=True)
+    restored, step = checkpoint_reader.restore_params(source, tree, subset=True)
     loaded = warm_start.flat(restored)
   fresh = jax.jit(program.family.init_params, out_shardings=program.param_shardings)(
       jax.random.key(seed))
