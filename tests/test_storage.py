@@ -315,10 +315,11 @@ def test_an_s3_upload_runs_beside_training_and_a_refused_one_stops_the_run_at_a_
 
 
 def test_an_initial_checkpoint_in_a_bucket_loads_as_the_local_one_read_once(bucket, tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch, capsys):
   """INITIAL_CHECKPOINT_PATH on a bucket: the params equal those read from the same MODEL_DIR
   on disk; on s3:// the step is downloaded once for its shapes and params alike (gs:// is read
-  in place)."""
+  in place); a step without checksums is read with a warning naming the bucket, not a local
+  copy."""
   import jax
 
   import train_tasks  # noqa: F401 (registers train_test_copy)
@@ -343,6 +344,12 @@ def test_an_initial_checkpoint_in_a_bucket_loads_as_the_local_one_read_once(buck
   assert_trees_equal(jax.device_get(remote), jax.device_get(local))
   assert_trees_equal(jax.device_get(remote), params)
   assert len(downloads) == (1 if server.scheme == "s3" else 0), downloads
+  from t5lite.runtime import integrity
+  paths.remove(f"{url}/base/checkpoints/0/{integrity.CHECKSUMS_FILE}")
+  capsys.readouterr()
+  assert_trees_equal(jax.device_get(trainer.initial_params(f"{url}/base")[0]), params)
+  warning = capsys.readouterr().err
+  assert f"checkpoint step 0 in {url}/base" in warning and "has no checksums" in warning, warning
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece", "byte_level_bpe", "hf_spiece"])

@@ -73,7 +73,8 @@ def saved_param_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 
 def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
-                   subset: bool = False, ignore: tuple[str, ...] = ()) -> tuple[Tree, int]:
+                   subset: bool = False, ignore: tuple[str, ...] = (),
+                   url: str | None = None) -> tuple[Tree, int]:
   """(params, step) of a t5lite checkpoint, params only (no optimizer state), placed as the
   shardings of `abstract_params` say, so any checkpoint loads onto any mesh.
 
@@ -84,14 +85,17 @@ def restore_params(path: str | os.PathLike, abstract_params: Tree, *,
   another vocabulary size). subset: abstract_params may leave out params the checkpoint has
   (t5lite.train.warm_start reads a pretrained model's backbone this way). ignore: top-level
   params the checkpoint may hold beside the model's, left unread (a distillation run's
-  trained projection). On s3:// the step is read from a local copy (orbax reads no S3).
+  trained projection). On s3:// the step is read from a local copy (orbax reads no S3);
+  messages name the URL (`url`: the one a `path` already copied here came from).
   """
   with readable_step(path, CHECKPOINTS_DIR) as local:
-    return _restore_params(local, abstract_params, subset, ignore)
+    copied = local != os.fspath(path)
+    return _restore_params(local, abstract_params, subset, ignore,
+                           url or (os.fspath(path) if copied else None))
 
 
-def _restore_params(path: str, abstract_params: Tree, subset: bool, ignore: tuple[str, ...]
-                    ) -> tuple[Tree, int]:
+def _restore_params(path: str, abstract_params: Tree, subset: bool, ignore: tuple[str, ...],
+                    url: str | None) -> tuple[Tree, int]:
   state_dir, step = _step_state_dir(path)
   step_dir = paths.dirname(state_dir)
   noise: list[str] = []
@@ -105,9 +109,9 @@ def _restore_params(path: str, abstract_params: Tree, subset: bool, ignore: tupl
     raise error or CorruptCheckpointError(
         f"checkpoint step {step} in {step_dir} fails its checksums (process 0 says which file)")
   if sealed is False:
-    print(f"t5lite: warning: checkpoint step {step} in {step_dir} has no checksums (saved by "
-          "an older t5lite, or its run stopped right after saving it); reading it unverified",
-          file=sys.stderr, flush=True)
+    print(f"t5lite: warning: checkpoint step {step} in {url or step_dir} has no checksums "
+          "(saved by an older t5lite, or its run stopped right after saving it); reading it "
+          "unverified", file=sys.stderr, flush=True)
   checkpointer = ocp.PyTreeCheckpointer()
   saved = _saved_params(checkpointer, state_dir, step, step_dir, noise)
   saved_shapes = {jax.tree_util.keystr(p): tuple(m.shape)

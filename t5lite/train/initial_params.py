@@ -55,6 +55,7 @@ def load(path: str, program, model_config: ModelConfig, vocabulary, seed: int,
 def _load(path: str, source: str, hf: bool, program, model_config: ModelConfig, vocabulary,
           seed: int, log: Callable[[str], None]) -> tuple[Tree, int]:
   """load() from `source` (`path` itself, or its local copy on s3://)."""
+  url = path if source != path else None  # what messages name
   wanted = warm_start.shapes_of(program.abstract_params)
   if hf:
     hf_tree, old_vocab = hf_params(path, model_config, vocabulary)
@@ -64,7 +65,7 @@ def _load(path: str, source: str, hf: bool, program, model_config: ModelConfig, 
   if saved == wanted:
     if hf:
       return place(hf_tree, model_config, program.param_shardings), 0
-    return checkpoint_reader.restore_params(source, program.abstract_params)
+    return checkpoint_reader.restore_params(source, program.abstract_params, url=url)
   if not hf:
     old_vocab = model_dir_lib.load_model_config(model_dir_lib.model_dir_of(path)).vocab_size
   # Rows are added only for ids the task's vocabulary has beyond the checkpoint's (added
@@ -84,7 +85,7 @@ def _load(path: str, source: str, hf: bool, program, model_config: ModelConfig, 
                 for k, v in warm_start.flat(program.abstract_params).items()
                 if k in plan.carried or k in plan.grown}
     tree = warm_start.subset_tree(program.abstract_params, abstract)
-    restored, step = checkpoint_reader.restore_params(source, tree, subset=True)
+    restored, step = checkpoint_reader.restore_params(source, tree, subset=True, url=url)
     loaded = warm_start.flat(restored)
   fresh = jax.jit(program.family.init_params, out_shardings=program.param_shardings)(
       jax.random.key(seed))
