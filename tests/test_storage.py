@@ -244,6 +244,7 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
   upload) is deleted, a step set aside stays; after a save, retention's deletions reach the
   bucket once orbax has made them here."""
   from t5lite.runtime import checkpoint_mirror
+  from t5lite.util import owned_tmp
   with s3_server.activated():
     storage.forget_clients()
     url = s3_server.url(s3_server.new_bucket(), "run/checkpoints")
@@ -253,8 +254,8 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
     for rel, text in objects.items():
       storage.create_exclusive(paths.join(url, rel), text.encode())
     # What a SIGKILLed run left: its folder, its lock file held by nobody.
-    stale = tempfile.mkdtemp(prefix=checkpoint_mirror._PREFIX)
-    open(os.path.join(stale, checkpoint_mirror._LOCK), "w").close()
+    stale = tempfile.mkdtemp(prefix=checkpoint_mirror.PREFIX)
+    open(os.path.join(stale, owned_tmp.LOCK_FILE), "w").close()
     mirror = checkpoint_mirror.S3Mirror(url)
     assert not os.path.exists(stale)
     checkpoint_mirror.S3Mirror(url).close()  # another mirror beside a live one leaves it
@@ -312,6 +313,25 @@ def test_an_s3_upload_runs_beside_training_and_a_refused_one_stops_the_run_at_a_
         message)
     checkpointer._mirror.close()
     storage.forget_clients()
+
+
+def test_a_killed_readers_download_is_removed_by_the_next_and_a_live_ones_kept(bucket):
+  """staging.download's temporary folder: a SIGKILLed process (its lock file held by nobody)
+  leaves it until the next download removes it; one whose owner lives (its lock held) stays;
+  the download's own is gone when it ends."""
+  from t5lite.util import owned_tmp, staging
+  _, url = bucket
+  storage.create_exclusive(paths.join(url, "run/file.txt"), b"x")
+  dead = tempfile.mkdtemp(prefix="t5lite-download-")
+  open(os.path.join(dead, owned_tmp.LOCK_FILE), "w").close()
+  live = owned_tmp.OwnedFolder("t5lite-download-")
+  with staging.download(paths.join(url, "run")) as local:
+    assert open(os.path.join(local, "file.txt")).read() == "x"
+    assert os.listdir(local) == ["file.txt"]  # the lock file is beside the files, not in them
+    assert not os.path.exists(dead) and os.path.isdir(live.path)
+  assert not os.path.exists(os.path.dirname(local))
+  live.close()
+  assert not os.path.exists(live.path)
 
 
 def test_an_initial_checkpoint_in_a_bucket_loads_as_the_local_one_read_once(bucket, tmp_path,

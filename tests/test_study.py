@@ -226,6 +226,30 @@ def test_a_smoke_study_of_finetuning_methods_pretrains_once_and_adapts_that_mode
   assert "finetuned by lora" in done.stdout and "the pretrained model of arm full" in done.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pretrain_vs_scratch", "bert_ablations", "modifications",
+                                  "distillation"])
+def test_every_other_preset_runs_at_smoke_scale(name, tmp_path):
+  """The presets the tests above do not run, each end to end at smoke scale (6 pretraining
+  and 4 finetuning steps a run, one task): every arm pretrains as its spec says (its teacher
+  first, where it has one), is finetuned and gets its row in the table."""
+  out = tmp_path / "study"
+  done = run_t5lite("study", name, "--scale", "smoke", "--out", out, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  study = spec.get(name)
+  assert set(json.loads(done.stdout.strip().splitlines()[-1])["arms"]) == {
+      arm.name for arm in study.arms}
+  table = (out / "study.md").read_text()
+  for arm in study.arms:
+    figures = json.loads((out / arm.name / "seed0" / "result.json").read_text())
+    assert 0 <= figures["downstream"]["stdlib_docstring_module_head"] <= 100
+    assert (figures["pretrain_steps"] > 0) == bool(arm.pretraining), (arm.name, figures)
+    assert f"| {arm.label} |" in table
+  reference = out / study.reference.name / "seed0" / "result.json"
+  assert json.loads(reference.read_text())["pretrain_steps"] == 6
+
+
 def _newest_step_bytes(model_dir) -> int:
   newest = max((p for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
                key=lambda p: int(p.name))

@@ -18,7 +18,7 @@ bucket's guarantees kept by the order of the copies:
 - **a damaged step** is copied aside in the bucket (`integrity.move_aside`: no rename there).
 
 The local folder is this process's own (a fresh temporary folder, removed at close; a killed
-process's is removed by the next mirror made beside it), so a restart, here or on another
+process's is removed by the next mirror made beside it: t5lite.util.owned_tmp), so a restart, here or on another
 host, reads what the bucket holds, verified against the step's checksums. One process only:
 each host of a multi-process job would mirror its own shards (such a job is refused on s3://
 before it starts). A step's upload runs in a thread of its own once the step has committed
@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import fcntl
 import os
 import shutil
-import tempfile
-import weakref
 from typing import Iterator
 
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.util import atomic, paths, staging, storage
+from t5lite.util.owned_tmp import OwnedFolder
 from t5lite.util.staging import fetch_tree, put_tree
 
 COMMIT_MARKER = storage.COMMIT_MARKER
@@ -96,35 +94,7 @@ def readable_step(path: str, checkpoints_dir: str) -> Iterator[str]:
       raise type(e)(str(e).replace(local, step_url)) from e
 
 
-_PREFIX = "t5lite-s3-checkpoints-"
-_LOCK = ".owner.lock"
-
-
-def _remove_mirrors_of_dead_processes() -> None:
-  """A SIGKILLed run leaves its mirror behind (close never ran): removed by the next one. The
-  owner holds a lock on a file in it while it lives (the kernel drops it with the process),
-  which tells a dead owner from a live one also across containers sharing the folder, where
-  process ids say nothing."""
-  root = tempfile.gettempdir()
-  for name in os.listdir(root):
-    if not name.startswith(_PREFIX):
-      continue
-    try:
-      fd = os.open(os.path.join(root, name, _LOCK), os.O_RDWR)
-    except OSError:
-      continue  # being made right now, or not ours to open
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      continue  # its owner lives
-    finally:
-      os.close(fd)
-    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _remove(root: str, lock: int) -> None:
-  shutil.rmtree(root, ignore_errors=True)
-  os.close(lock)
+PREFIX = "t5lite-s3-checkpoints-"
 
 
 class S3Mirror:
@@ -132,13 +102,9 @@ class S3Mirror:
 
   def __init__(self, remote: str):
     self.remote = remote.rstrip("/")
-    _remove_mirrors_of_dead_processes()
-    self._root = tempfile.mkdtemp(prefix=_PREFIX)
-    self._lock = os.open(os.path.join(self._root, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(self._lock, fcntl.LOCK_EX)
-    self.local = os.path.join(self._root, paths.basename(self.remote))
+    self._folder = OwnedFolder(PREFIX)  # a SIGKILLed run's is removed by the next one
+    self.local = os.path.join(self._folder.path, paths.basename(self.remote))
     os.makedirs(self.local)
-    self._cleanup = weakref.finalize(self, _remove, self._root, self._lock)
     self._fetched: set[int] = set()
     self._published: set[int] = set()
     self._uploader = concurrent.futures.ThreadPoolExecutor(1, "t5lite-s3-upload")
@@ -222,4 +188,4 @@ class S3Mirror:
     with contextlib.suppress(Exception):
       self.finish_publishing()
     self._uploader.shutdown()
-    self._cleanup()
+    self._folder.close()

@@ -17,7 +17,8 @@ built once by whichever host gets there first, then mirrored to each host's loca
 An upload writes every file as one object, and orbax's commit markers (`commit_success.txt`)
 last, a step's own marker last of all, so a copy cut short leaves no checkpoint step that
 looks committed; the other files of an export are readable as soon as they land, as with
-`gsutil cp -r`. Temporary folders are removed either way.
+`gsutil cp -r`. Temporary folders are removed either way, and a SIGKILLed process's by the next
+one made (t5lite.util.owned_tmp).
 """
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ import os
 import pathlib
 import secrets
 import shutil
-import tempfile
 from typing import Callable, Iterator
 
 from t5lite.errors import ConfigError
 from t5lite.util import atomic, paths, storage
+from t5lite.util.owned_tmp import OwnedFolder
 from t5lite.util.storage import COMMIT_MARKER
 
 
@@ -49,13 +50,14 @@ def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
     raise FileNotFoundError(f"{source}: no objects under this URL")
   if keep is not None:
     names = keep(names)
-  root = tempfile.mkdtemp(prefix="t5lite-download-")
-  local = os.path.join(root, paths.basename(source.rstrip("/"))) if keep_name else root
+  folder = OwnedFolder("t5lite-download-")  # a SIGKILLed reader's: removed by the next one
+  local = os.path.join(folder.path, paths.basename(source.rstrip("/")) if keep_name else "files")
   try:
+    os.makedirs(local)
     fetch_tree(source, names, local)
     yield local
   finally:
-    shutil.rmtree(root, ignore_errors=True)
+    folder.close()
 
 
 def check_empty(destination: str) -> None:
@@ -77,12 +79,14 @@ def upload(destination: str) -> Iterator[str]:
   if not paths.is_url(destination):
     yield destination
     return
-  local = tempfile.mkdtemp(prefix="t5lite-upload-")
+  folder = OwnedFolder("t5lite-upload-")
+  local = os.path.join(folder.path, "files")
+  os.makedirs(local)
   try:
     yield local
     put_tree(local, destination)
   finally:
-    shutil.rmtree(local, ignore_errors=True)
+    folder.close()
 
 
 def fetch_tree(source: str, names: list[str], local: str) -> None:
@@ -204,7 +208,9 @@ def built(url: str, build: Callable[[str], None], what: str = "a first-use build
 
 
 def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> None:
-  local = tempfile.mkdtemp(prefix="t5lite-build-")
+  folder = OwnedFolder("t5lite-build-")
+  local = os.path.join(folder.path, "files")
+  os.makedirs(local)
   prefix = f"build-{secrets.token_hex(8)}"
   uploaded, won = [], False
   try:
@@ -212,7 +218,7 @@ def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> N
     put_tree(local, paths.join(url, prefix), uploaded)
     won = storage.create_exclusive(marker, prefix.encode("utf-8")) is not None
   finally:
-    shutil.rmtree(local, ignore_errors=True)
+    folder.close()
     if not won:  # another host published first (or this build failed): its upload is unused
       for object_url in uploaded:
         paths.remove(object_url)
