@@ -228,12 +228,14 @@ def test_a_smoke_study_of_finetuning_methods_pretrains_once_and_adapts_that_mode
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pretrain_vs_scratch", "bert_ablations", "modifications",
-                                  "distillation"])
-def test_every_other_preset_runs_at_smoke_scale(name, tmp_path):
-  """The presets the tests above do not run, each end to end at smoke scale (6 pretraining
-  and 4 finetuning steps a run, one task): every arm pretrains as its spec says (its teacher
-  first, where it has one), is finetuned and gets its row in the table."""
+# bert_ablations first: pretrain_vs_scratch's runs are then compiled already (same worker,
+# same compilation cache). `modifications` (178 s from a cold cache on 2 cores) and
+# `distillation` (110 s) are not run here yet: the suite is over its time budget.
+@pytest.mark.parametrize("name", ["bert_ablations", "pretrain_vs_scratch"])
+def test_more_presets_run_at_smoke_scale(name, tmp_path):
+  """Presets the tests above do not run, each end to end at smoke scale (6 pretraining and 4
+  finetuning steps a run, one task): every arm pretrains as its spec says, is finetuned and
+  gets its row in the table."""
   out = tmp_path / "study"
   done = run_t5lite("study", name, "--scale", "smoke", "--out", out, timeout=900)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
