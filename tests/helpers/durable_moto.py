@@ -6,7 +6,8 @@ fake-gcs-server's filesystem backend) keeps what it acknowledged. moto's own rec
 an existing recording first replays its writes into itself, in order, and only then opens its
 port, so no client sees it half restored. A request recorded just before a SIGKILL comes back
 applied although its client got no answer: as on S3, a write whose reply was lost may have
-happened.
+happened. Multipart uploads would not replay (moto draws their upload ids anew), so what the
+tests write here stays under the clients' single-request size (s3fs: 50 MB).
 """
 from __future__ import annotations
 
