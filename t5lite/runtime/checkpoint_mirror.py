@@ -18,12 +18,12 @@ bucket's guarantees kept by the order of the copies:
 - **a damaged step** is copied aside in the bucket (`integrity.move_aside`: no rename there).
 
 The local folder is this process's own (a fresh temporary folder, removed at close; a killed
-process's is removed by the next mirror made beside it: t5lite.util.owned_tmp), so a restart, here or on another
-host, reads what the bucket holds, verified against the step's checksums. One process only:
-each host of a multi-process job would mirror its own shards (such a job is refused on s3://
-before it starts). A step's upload runs in a thread of its own once the step has committed
-(`publish_in_background`), so training goes on meanwhile; the next save and the end of the
-run wait for it (`finish_publishing`), and it raises its error there.
+process's is removed by the next mirror made beside it: t5lite.util.owned_tmp), so a restart,
+here or on another host, reads what the bucket holds, verified against the step's checksums.
+One process only: each host of a multi-process job would mirror its own shards (such a job is
+refused on s3:// before it starts). A step's upload runs in a thread of its own once the
+step has committed (`publish_in_background`), so training goes on meanwhile; the next save
+and the end of the run wait for it (`finish_publishing`), and it raises its error there.
 """
 from __future__ import annotations
 
@@ -103,8 +103,7 @@ class S3Mirror:
   def __init__(self, remote: str):
     self.remote = remote.rstrip("/")
     self._folder = OwnedFolder(PREFIX)  # a SIGKILLed run's is removed by the next one
-    self.local = os.path.join(self._folder.path, paths.basename(self.remote))
-    os.makedirs(self.local)
+    self.local = self._folder.subfolder(paths.basename(self.remote))
     self._fetched: set[int] = set()
     self._published: set[int] = set()
     self._uploader = concurrent.futures.ThreadPoolExecutor(1, "t5lite-s3-upload")

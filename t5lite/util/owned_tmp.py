@@ -7,8 +7,9 @@ process, which tells a dead owner from a live one also across containers that sh
 temporary folder, where process ids say nothing. `OwnedFolder(prefix)` first removes every
 folder of that prefix whose lock nobody holds, then makes its own.
 
-    folder = OwnedFolder("t5lite-download-")   # folder.path: empty but for the lock file
-    ...                                        # put what it stages under folder.path/<name>
+    folder = OwnedFolder("t5lite-download-")
+    local = folder.subfolder("files")          # beside the lock file, never among its files
+    ...
     folder.close()                             # removed (also when garbage-collected)
 """
 from __future__ import annotations
@@ -55,6 +56,12 @@ class OwnedFolder:
     lock = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
     self._cleanup = weakref.finalize(self, _remove, self.path, lock)
+
+  def subfolder(self, name: str) -> str:
+    """A new empty folder `name` in this one, for what it stages (the lock file stays out)."""
+    path = os.path.join(self.path, name)
+    os.makedirs(path)
+    return path
 
   def close(self) -> None:
     self._cleanup()

@@ -51,9 +51,8 @@ def download(source: str, keep: Callable[[list[str]], list[str]] | None = None,
   if keep is not None:
     names = keep(names)
   folder = OwnedFolder("t5lite-download-")  # a SIGKILLed reader's: removed by the next one
-  local = os.path.join(folder.path, paths.basename(source.rstrip("/")) if keep_name else "files")
   try:
-    os.makedirs(local)
+    local = folder.subfolder(paths.basename(source.rstrip("/")) if keep_name else "files")
     fetch_tree(source, names, local)
     yield local
   finally:
@@ -80,8 +79,7 @@ def upload(destination: str) -> Iterator[str]:
     yield destination
     return
   folder = OwnedFolder("t5lite-upload-")
-  local = os.path.join(folder.path, "files")
-  os.makedirs(local)
+  local = folder.subfolder("files")
   try:
     yield local
     put_tree(local, destination)
@@ -209,8 +207,7 @@ def built(url: str, build: Callable[[str], None], what: str = "a first-use build
 
 def _build_and_publish(url: str, marker: str, build: Callable[[str], None]) -> None:
   folder = OwnedFolder("t5lite-build-")
-  local = os.path.join(folder.path, "files")
-  os.makedirs(local)
+  local = folder.subfolder("files")
   prefix = f"build-{secrets.token_hex(8)}"
   uploaded, won = [], False
   try:
