@@ -5,8 +5,11 @@ The fast tests work on tiny hand-made checkpoints and leases; the end-to-end one
 the tiny model of test_trainer.py, cut to one encoder and one decoder layer (they are about
 checkpoints and steps, not depth: less to compile), for a few steps.
 """
+import asyncio
 import dataclasses
+import gc
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -139,6 +142,35 @@ def test_a_bit_flip_falls_back_moves_the_step_aside_and_says_so_in_one_line(tmp_
   assert again.restore_latest(abstract)[2] == 1
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2.corrupt-1", "2.corrupt-2"]
   again.close()
+
+
+def test_an_unawaited_storage_request_cut_by_a_dropped_connection_goes_to_the_log_file(
+    tmp_path, caplog):
+  # What aiobotocore leaves when a killed storage server cuts a request it then retries:
+  # aiohttp's write task, ended by the dropped connection, that nobody awaits. A bug's
+  # unawaited task still reaches the console, traceback and all.
+  aiohttp = pytest.importorskip("aiohttp")
+
+  def leave_unawaited(error: BaseException) -> None:
+    async def request():
+      raise error
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(request())
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    del task
+    gc.collect()  # the task's finalizer is what reports it
+
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    with integrity.orbax_messages_to_log(str(tmp_path)):
+      leave_unawaited(aiohttp.ClientConnectionResetError("Cannot write to closing transport"))
+      leave_unawaited(TypeError("a bug"))
+    leave_unawaited(aiohttp.ClientConnectionResetError("outside a training run"))
+  shown = [r.exc_info[1] for r in caplog.records if r.exc_info]
+  assert [str(e) for e in shown] == ["a bug", "outside a training run"]
+  log = (tmp_path / integrity.LOG_FILE).read_text()
+  assert "Task exception was never retrieved" in log
+  assert "Cannot write to closing transport" in log and "a bug" not in log
 
 
 def test_on_corrupt_stop_moves_nothing(tmp_path):

@@ -250,7 +250,10 @@ def orbax_messages_to_log(model_dir: str, quiet_after: tuple[type, ...] = (OSErr
   with a traceback per thread, dozens of lines) goes to MODEL_DIR/t5lite.log instead of the
   console, and so do the "Event loop is closed" tracebacks that TensorStore's callbacks print
   (one per pending write: hundreds) once a failed save has closed orbax's event loop. The run
-  reports the failure itself, in one line (checkpoints.CheckpointWriteError).
+  reports the failure itself, in one line (checkpoints.CheckpointWriteError). So does asyncio's
+  "Task exception was never retrieved" for a storage client's request that a dropped
+  connection cut (aiohttp's write of a request the client then retried): the retry's outcome
+  is what counts, and a failure after the retries is reported by the run.
 
   After a failed write (`quiet_after`: OSError, and the caller's checkpoint write error)
   TensorStore's pending writes go on reporting until the process exits, so the filter then
@@ -258,7 +261,8 @@ def orbax_messages_to_log(model_dir: str, quiet_after: tuple[type, ...] = (OSErr
   else everything is put back; a bug's traceback is never filtered."""
   loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
   divert = _OrbaxToLogFile(model_dir)
-  loggers[0].addFilter(divert)
+  for logger in loggers:
+    logger.addFilter(divert)
   stderr = sys.stderr
   filtered = sys.stderr = _StderrFilter(stderr)
   try:
@@ -266,15 +270,16 @@ def orbax_messages_to_log(model_dir: str, quiet_after: tuple[type, ...] = (OSErr
   except quiet_after:
     filtered.only_own_lines = True
     divert.everything = True  # what orbax's threads and asyncio still log: off the console
-    loggers[1].addFilter(divert)
     raise
   except BaseException:
     sys.stderr = stderr
-    loggers[0].removeFilter(divert)
+    for logger in loggers:
+      logger.removeFilter(divert)
     raise
   else:
     sys.stderr = stderr
-    loggers[0].removeFilter(divert)
+    for logger in loggers:
+      logger.removeFilter(divert)
   finally:
     filtered.close_into(model_dir)
 
@@ -350,8 +355,18 @@ class _OrbaxToLogFile(logging.Filter):
   everything = False
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if not self.everything and (f"{os.sep}orbax{os.sep}" not in record.pathname
-                                or record.levelno < logging.ERROR):
+    orbax_error = (f"{os.sep}orbax{os.sep}" in record.pathname
+                   and record.levelno >= logging.ERROR)
+    if not (self.everything or orbax_error or _cut_storage_request(record)):
       return True  # orbax's advice (e.g. "checkpointing less frequently") stays visible
     log_details(self.model_dir, self.formatter.format(record))
     return False
+
+
+def _cut_storage_request(record: logging.LogRecord) -> bool:
+  """asyncio's report of a storage client's task that a dropped connection ended, which
+  nobody awaited because the client had moved on to its retry."""
+  error = record.exc_info[1] if record.exc_info else None
+  return (record.name == "asyncio" and error is not None
+          and "exception was never retrieved" in str(record.msg)
+          and storage.is_service_error(error))
