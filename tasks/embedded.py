@@ -24,6 +24,9 @@ reads them, and `t5lite export hf` writes them as HF tokenizer files).
                             split into `[CLS] piece [SEP]` of `inputs` tokens, 15% of the
                             other tokens chosen (80% [MASK], 10% random, 10% kept), new masks
                             every epoch (encoder-only models)
+  stdlib_lm_wordpiece       stdlib_lm's causal LM in stdlib_mlm's WordPiece ([SEP] after each
+                            document): a left-to-right model on the very tokens a BERT of
+                            the same vocabulary reads (BERT's LTR ablation)
 """
 from __future__ import annotations
 
@@ -203,6 +206,7 @@ MLM_VOCABULARY = LazyVocabulary(load=load_mlm_vocabulary,
 LM_FEATURES = {"targets": Feature(LM_VOCABULARY, add_eos=True)}
 MLM_FEATURES = {"inputs": Feature(MLM_VOCABULARY, add_eos=False),
                 "targets": Feature(MLM_VOCABULARY, add_eos=False)}
+WORDPIECE_LM_FEATURES = {"targets": Feature(MLM_VOCABULARY, add_eos=True)}  # EOS is [SEP]
 SOURCES = {split: functools.partial(source, split) for split in ("train", "validation")}
 
 
@@ -249,6 +253,10 @@ def register() -> None:
     add_task("stdlib_mlm", SOURCES, MLM_FEATURES,
              [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
               *mlm_preprocessors(add_cls_sep=True, vocabulary_specials=True)])
+  if "stdlib_lm_wordpiece" not in names:
+    add_task("stdlib_lm_wordpiece", SOURCES, WORDPIECE_LM_FEATURES,
+             [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, pp.append_eos,
+              *causal_lm_preprocessors()])
 
 
 register()

@@ -158,6 +158,24 @@ def test_lm_task_makes_gpt2_batches():
   assert eos_between_documents
 
 
+def test_wordpiece_lm_task_is_a_causal_lm_on_the_mlm_tasks_tokens():
+  config = pipeline.PipelineConfig(global_batch_size=3, task_feature_lengths={"targets": 47})
+  batches = pipeline.get_dataset("stdlib_lm_wordpiece", config,
+                                 DecoderOnlyFeatureConverter(bos_id=2))
+  vocab, seps = embedded.MLM_VOCABULARY, 0
+  for batch in itertools.islice(batches, 4):
+    targets, segments = batch["decoder_target_tokens"], batch["decoder_segment_ids"]
+    assert targets.shape == (3, 47) and (segments > 0).all()  # full pieces, packed
+    assert (batch["decoder_input_tokens"][:, 0] == 2).all()  # [CLS] starts each row
+    np.testing.assert_array_equal(batch["decoder_input_tokens"][:, 1:], targets[:, :-1])
+    assert 5 <= targets.min() or set(np.unique(targets[targets < 5])) <= {3}  # only [SEP]s
+    assert targets.max() < vocab.vocab_size
+    seps += int((targets == vocab.eos_id).sum())
+    text = vocab.decode([int(t) for t in targets[0] if t != vocab.eos_id])
+    assert text == text.lower() and len(text.split()) > 20  # stdlib_mlm's uncased WordPiece
+  assert seps > 0  # documents end in [SEP]
+
+
 def mlm_rows(batch):
   """Each packed segment's (targets, inputs, weights)."""
   for r in range(batch["encoder_segment_ids"].shape[0]):
