@@ -119,6 +119,10 @@ class ModelConfig:
   """A norm over the summed embeddings (BERT, ALBERT) before dropout."""
   scale_embeddings: bool = False
   """Multiply token embeddings by sqrt(d_model) before adding positions (original Transformer)."""
+  shared_encoder_decoder: bool = False
+  """T5's shared encoder-decoder (Table 2): decoder layer i runs encoder layer i's
+  self-attention and MLP params; cross-attention, position biases and final norms stay each
+  stack's own (t5lite.models.shared_stacks). Encoder-decoder models of equal depths."""
   shared_layer_groups: int = 0
   """Cross-layer parameter sharing (ALBERT's num_hidden_groups): the encoder's layers use this
   many parameter sets, layer i the group i * groups // num_encoder_layers. 0: no sharing.
@@ -237,6 +241,14 @@ class ModelConfig:
       if self.scan_layers or self.shared_layer_groups:
         raise ConfigError("ModelConfig.moe: sparse and dense layers differ, so they cannot be "
                           "scanned or shared; set scan_layers=False and shared_layer_groups=0")
+
+    if self.shared_encoder_decoder and (
+        self.architecture != "encoder_decoder" or self.num_encoder_layers != self.num_decoder_layers
+        or self.moe is not None or self.adapter is not None):
+      raise ConfigError("ModelConfig.shared_encoder_decoder needs an encoder-decoder with "
+                        "num_encoder_layers == num_decoder_layers, no moe and no adapter; got "
+                        f"{self.architecture}, {self.num_encoder_layers} and "
+                        f"{self.num_decoder_layers} layers")
 
   def _check_head_options(self):
     for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):

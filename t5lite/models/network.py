@@ -10,7 +10,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from t5lite.models import adapters
+from t5lite.models import adapters, shared_stacks
 from t5lite.models.config import ModelConfig
 from t5lite.models.heads import (DecoderClassifier, EncoderHead, ReplacedTokenHead,
                                  SpanBoundaryHead, pool)
@@ -253,4 +253,15 @@ def make_model(config: ModelConfig, *, enable_dropout: bool = False,
   """The Flax module for a config; params depend on neither enable_dropout nor cache_length
   (> 0: incremental decoding with a key/value cache of that many positions)."""
   kwargs = dict(cache_length=cache_length) if cache_length else {}
-  return MODEL_CLASSES[config.architecture](config, deterministic=not enable_dropout, **kwargs)
+  model_class = MODEL_CLASSES[config.architecture]
+  if config.shared_encoder_decoder:
+    model_class = _SharedEncoderDecoder
+  return model_class(config, deterministic=not enable_dropout, **kwargs)
+
+
+# The decoder's shared params are the encoder's, renamed on the way in (shared_stacks), and
+# dropped on the way out of init. mutable=True, not init=True: with init=True Flax takes any
+# call with a mutable collection (decoding's cache) for an init and skips the renaming.
+_SharedEncoderDecoder = nn.map_variables(
+    EncoderDecoder, "params", shared_stacks.tie, shared_stacks.untie, mutable=True,
+    methods=["__call__", "encode", "decode"])

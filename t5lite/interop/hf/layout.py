@@ -33,6 +33,7 @@ from flax import traverse_util
 from t5lite.errors import ConfigError, ConfigKeyError
 from t5lite.interop import limits
 from t5lite.families import family_of
+from t5lite.models import shared_stacks
 from t5lite.models.config import ModelConfig
 from t5lite.models.params import Params, abstract_params, scan_params, unscan_params
 
@@ -256,14 +257,16 @@ def matrix_params(config: ModelConfig) -> int:
     encoder = config.shared_layer_groups * config.layers_per_group
   decoder = config.num_decoder_layers if config.has_decoder else 0
   cross = (2 * d * h * k + 2 * d * kv * k) * decoder * config.has_encoder  # cross-attention
-  return config.vocab_size * config.embedding_width + (encoder + decoder) * layer + cross
+  own = 0 if config.shared_encoder_decoder else decoder  # decoder layers with their own params
+  return config.vocab_size * config.embedding_width + (encoder + own) * layer + cross
 
 
 # --- params <-> tensors ---------------------------------------------------------------------
 
 def params_to_hf(layout: HFLayout, config: ModelConfig, params: Params) -> dict[str, np.ndarray]:
-  """HF state dict (numpy, torch layout) from t5lite params (scanned or not)."""
-  flat = traverse_util.flatten_dict(unscan_params(params))
+  """HF state dict (numpy, torch layout) from t5lite params (scanned or not; a shared
+  encoder-decoder's as the plain model that computes the same function)."""
+  flat = traverse_util.flatten_dict(unscan_params(shared_stacks.expand(params, config)))
   return {e.hf: np.ascontiguousarray(e.to_hf([np.asarray(flat[p]) for p in e.ours]))
           for e in layout.weight_map(config)}
 
