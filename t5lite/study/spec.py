@@ -26,10 +26,11 @@ class Downstream:
   metric: str = "accuracy"
 
 
-BERT_SMALL = ("ModelConfig.num_encoder_layers=12", "ModelConfig.d_model=256",
-              "ModelConfig.num_heads=4", "ModelConfig.d_ff=1024")
+BERT_SMALL = ("ModelConfig.num_encoder_layers=12", "ModelConfig.num_decoder_layers=12",
+              "ModelConfig.d_model=256", "ModelConfig.num_heads=4", "ModelConfig.d_ff=1024")
 """BERT-Small as ELECTRA's paper sizes it (12 layers of 256, 4 heads, FF 1024): the `small`
-scale of the presets on gin/models/bert/tiny.gin."""
+scale of the presets on gin/models/bert/tiny.gin (num_decoder_layers: an arm that makes it a
+causal decoder, bert_ablations' left-to-right LM)."""
 DOWNSTREAM = (Downstream("stdlib_docstring_module_head", 8),  # 8-way classification
               Downstream("stdlib_sentence_pair_head", 2))     # does B follow A?
 """The embedded head tasks (tasks/embedded_heads.py): one sentence, and a sentence pair."""
