@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
                                     EncoderOnlyFeatureConverter, autoregressive_inputs,
                                     packing_efficiency)
+from t5lite.errors import ConfigError
 
 
 def _ds(examples):
@@ -104,6 +105,25 @@ def test_prefix_lm_packed():
       "decoder_positions": [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0]}])
 
 
+def test_a_causal_lm_on_a_text_to_text_task_reads_inputs_then_targets_causally():
+  # seqio's DecoderFeatureConverter: a task with inputs goes through the prefix-LM layout;
+  # the causal model attends causally over it (no decoder_causal_attention).
+  converter = DecoderOnlyFeatureConverter(True, num_packing_bins=1, bos_id=5)
+  rows = _rows(converter, TWO, {"inputs": 8, "targets": 7})
+  assert "decoder_causal_attention" not in rows[0]
+  _check(rows, [{
+      "decoder_target_tokens": [7, 8, 5, 1, 3, 9, 1, 8, 4, 9, 3, 1, 4, 1, 0],
+      "decoder_input_tokens": [5, 7, 8, 5, 1, 3, 9, 5, 8, 4, 9, 3, 1, 4, 0],
+      "decoder_loss_weights": [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0],
+      "decoder_segment_ids": [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 0]}])
+  # Without inputs it stays an LM on the targets alone, every token in the loss.
+  rows = _rows(DecoderOnlyFeatureConverter(pack=False), TWO[:1], {"targets": 5})
+  _check(rows, [{"decoder_target_tokens": [3, 9, 1, 0, 0],
+                 "decoder_loss_weights": [1, 1, 1, 0, 0]}])
+  with pytest.raises(ConfigError, match="inputs"):
+    converter.model_feature_lengths({"inputs": 0, "targets": 7})
+
+
 def test_mlm_packed_and_unpacked():
   examples = [{"inputs": [5, 2, 7, 1], "targets": [5, 6, 7, 1], "weights": [0, 1, 0, 0]},
               {"inputs": [2, 1], "targets": [8, 1], "weights": [1, 0]}]
@@ -131,6 +151,7 @@ def test_autoregressive_inputs():
 I_LEN, T_LEN = 9, 6
 KINDS = {"encdec": lambda **kw: EncDecFeatureConverter(**kw),
          "lm": lambda **kw: DecoderOnlyFeatureConverter(**kw),
+         "lm_text_to_text": lambda **kw: DecoderOnlyFeatureConverter(**kw),
          "prefix_lm": lambda **kw: DecoderOnlyFeatureConverter(prefix_lm=True, **kw),
          "mlm": lambda **kw: EncoderOnlyFeatureConverter(**kw)}
 
@@ -171,16 +192,20 @@ def _recover(kind, row):
   tokens = row["decoder_target_tokens"]
   assert np.all((tokens > 0) == (row["decoder_segment_ids"] > 0))
   _check_decoder(row, dec)
-  if kind == "prefix_lm":
+  if kind in ("prefix_lm", "lm_text_to_text"):
     out = []
     for s in dec.values():
       loss = row["decoder_loss_weights"][s]
       n_in = int(np.count_nonzero(loss == 0))
       np.testing.assert_array_equal(loss, np.arange(len(loss)) >= n_in)  # inputs, then targets
-      np.testing.assert_array_equal(row["decoder_causal_attention"][s],
-                                    np.arange(len(loss)) < n_in + 1)
+      if kind == "prefix_lm":
+        np.testing.assert_array_equal(row["decoder_causal_attention"][s],
+                                      np.arange(len(loss)) < n_in + 1)
       out.append((tuple(tokens[s][:n_in].tolist()), tuple(tokens[s][n_in:].tolist())))
-    assert np.all(row["decoder_causal_attention"][row["decoder_segment_ids"] == 0] == 0)
+    if kind == "prefix_lm":
+      assert np.all(row["decoder_causal_attention"][row["decoder_segment_ids"] == 0] == 0)
+    else:
+      assert "decoder_causal_attention" not in row  # the model attends causally
     assert np.all(row["decoder_loss_weights"][row["decoder_segment_ids"] == 0] == 0)
     return out
   np.testing.assert_array_equal(row["decoder_loss_weights"], row["decoder_segment_ids"] > 0)
@@ -221,7 +246,8 @@ def test_fuzz_packing_invariants(kind, examples, pack, bins, seed):
   else:
     task = [{"inputs": i, "targets": t} for i, t in examples]
   converter = KINDS[kind](pack=pack, num_packing_bins=bins, seed=seed)
-  rows = _rows(converter, task, {"inputs": I_LEN, "targets": T_LEN})
+  lengths = {"targets": T_LEN} if kind == "lm" else {"inputs": I_LEN, "targets": T_LEN}
+  rows = _rows(converter, task, lengths)
   recovered = [ex for row in rows for ex in _recover(kind, row)]
   if not pack:
     assert all(len(_recover(kind, row)) == 1 for row in rows)

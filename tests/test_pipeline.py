@@ -12,6 +12,7 @@ from t5lite.data.registry import (CACHE_POINT, Feature, MixtureRegistry, TaskReg
                                   add_mixture, add_task)
 from t5lite.data.sources.readers import FunctionSource
 from t5lite.data.vocab.vocabularies import ByteVocabulary
+from t5lite.errors import ConfigError
 
 VOCAB = ByteVocabulary(extra_ids=100)
 FEATURES = {"inputs": Feature(VOCAB), "targets": Feature(VOCAB)}
@@ -299,6 +300,11 @@ def test_every_objective_chain_runs_through_the_pipeline(objective):
     converter = {"causal_lm": conv.DecoderOnlyFeatureConverter(),
                  "mlm": conv.EncoderOnlyFeatureConverter()}.get(
         objective, conv.EncDecFeatureConverter())
+    if objective == "causal_lm":  # an LM task's lengths; 'inputs' would ask for a prompt
+      with pytest.raises(ConfigError, match="give a language-modelling task {'targets': N}"):
+        next(pipeline.get_dataset(name, pipeline.PipelineConfig(
+            global_batch_size=2, task_feature_lengths=lengths), converter))
+      lengths = {"targets": 32}
     config = pipeline.PipelineConfig(global_batch_size=2, task_feature_lengths=lengths)
     batch = next(pipeline.get_dataset(name, config, converter))
     assert all(v.shape[0] == 2 for v in batch.values())

@@ -227,7 +227,7 @@ class EncDecFeatureConverter(FeatureConverter):
 class DecoderOnlyFeatureConverter(FeatureConverter):
   """Decoder-only: a causal LM on `targets`, or (prefix_lm) a prefix LM on inputs + targets.
 
-  LM: task_feature_lengths {"targets": T}; `inputs` is ignored. Packed, T=6, one bin:
+  LM: task_feature_lengths {"targets": T}. Packed, T=6, one bin:
     [{"targets": [3, 9, 1]}, {"targets": [4, 1]}]
     -> decoder_target_tokens = [3, 9, 1, 4, 1, 0]
        decoder_input_tokens  = [0, 3, 9, 0, 4, 0]
@@ -253,6 +253,12 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
        decoder_causal_attention = [1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0]
        decoder_segment_ids      = [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 0]
        decoder_positions        = [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0]
+
+  A causal LM given {"inputs": I, "targets": T} (a text-to-text task) reads its examples as
+  the prefix LM does, inputs then targets, loss only on the targets, and attends causally
+  over both (no decoder_causal_attention): seqio's DecoderFeatureConverter picks its
+  PrefixLMFeatureConverter for a task with inputs the same way, and decoding prompts the
+  model with the inputs, so training must show them too.
   """
   prefix_lm: bool = False
   bos_id: int = 0
@@ -261,15 +267,25 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
   def _required(self):
     return ("inputs", "targets") if self.prefix_lm else ("targets",)
 
+  def _lengths(self, task_feature_lengths):
+    if self.prefix_lm or "inputs" not in task_feature_lengths:
+      return super()._lengths(task_feature_lengths)
+    # A causal LM on a text-to-text task: both features, checked as a prefix LM's.
+    return dataclasses.replace(self, prefix_lm=True)._lengths(task_feature_lengths)
+
   def _slots(self, lengths):
-    if not self.prefix_lm:
+    if "inputs" not in lengths:
       return super()._slots(lengths)
     # Three aligned features in one slot, so they share segment ids and positions.
     return ((("targets", "causal", "loss"), lengths["inputs"] + lengths["targets"]),)
 
   def _prepare(self, example, lengths):
-    if not self.prefix_lm:
+    if "inputs" not in lengths:
       return super()._prepare(example, lengths)
+    if not self.prefix_lm and "inputs" not in example:
+      raise ConfigError(f"{self._name}: task_feature_lengths has 'inputs', which makes the "
+                        "causal LM read inputs then targets, but this task's examples have "
+                        "only 'targets': give a language-modelling task {'targets': N} alone")
     inputs = self._feature(example, "inputs", lengths["inputs"])
     targets = self._feature(example, "targets", lengths["targets"])
     position = np.arange(len(inputs) + len(targets))
@@ -278,13 +294,14 @@ class DecoderOnlyFeatureConverter(FeatureConverter):
 
   def _to_model(self, row):
     out = _decoder_features(row, self.bos_id)
-    if self.prefix_lm:
+    if "loss" in row:  # inputs then targets
       out["decoder_loss_weights"] = row["loss"]
+    if self.prefix_lm:
       out["decoder_causal_attention"] = row["causal"]
     return out
 
   def _model_lengths(self, lengths):
-    total = sum(lengths.values())  # T, or I + T for a prefix LM
+    total = sum(lengths.values())  # T, or I + T: inputs then targets
     out = {k: total for k in DECODER_KEYS}
     if self.prefix_lm:
       out["decoder_causal_attention"] = total
