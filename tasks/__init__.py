@@ -5,5 +5,5 @@ as `import t5lite_tasks`. The data layer and the embedded default tasks land her
 """
 
 from . import (  # noqa: F401 (import = registration)
-    c4, cnn_dailymail, conll_ner, embedded, embedded_gpt, embedded_heads, embedded_pretrain, glue,
-    glue_heads, squad, squad_heads, vocab, wmt)
+    c4, cnn_dailymail, conll_ner, embedded, embedded_gpt, embedded_heads, embedded_pretrain,
+    embedded_text_to_text, glue, glue_heads, squad, squad_heads, vocab, wmt)

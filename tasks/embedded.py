@@ -27,6 +27,9 @@ reads them, and `t5lite export hf` writes them as HF tokenizer files).
   stdlib_lm_wordpiece       stdlib_lm's causal LM in stdlib_mlm's WordPiece ([SEP] after each
                             document): a left-to-right model on the very tokens a BERT of
                             the same vocabulary reads (BERT's LTR ablation)
+  stdlib_lm_sentencepiece   the same causal LM in the SentencePiece vocabulary of
+                            stdlib_span_corruption (EOS after each document): T5's "LM"
+                            objective for a decoder-only model, every token predicted
 """
 from __future__ import annotations
 
@@ -207,6 +210,7 @@ LM_FEATURES = {"targets": Feature(LM_VOCABULARY, add_eos=True)}
 MLM_FEATURES = {"inputs": Feature(MLM_VOCABULARY, add_eos=False),
                 "targets": Feature(MLM_VOCABULARY, add_eos=False)}
 WORDPIECE_LM_FEATURES = {"targets": Feature(MLM_VOCABULARY, add_eos=True)}  # EOS is [SEP]
+SENTENCEPIECE_LM_FEATURES = {"targets": Feature(VOCABULARY, add_eos=True)}
 SOURCES = {split: functools.partial(source, split) for split in ("train", "validation")}
 
 
@@ -253,10 +257,12 @@ def register() -> None:
     add_task("stdlib_mlm", SOURCES, MLM_FEATURES,
              [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT,
               *mlm_preprocessors(add_cls_sep=True, vocabulary_specials=True)])
-  if "stdlib_lm_wordpiece" not in names:
-    add_task("stdlib_lm_wordpiece", SOURCES, WORDPIECE_LM_FEATURES,
-             [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, pp.append_eos,
-              *causal_lm_preprocessors()])
+  for name, features in (("stdlib_lm_wordpiece", WORDPIECE_LM_FEATURES),
+                         ("stdlib_lm_sentencepiece", SENTENCEPIECE_LM_FEATURES)):
+    if name not in names:
+      add_task(name, SOURCES, features,
+               [pp.rekey({"targets": "text"}), pp.tokenize, CACHE_POINT, pp.append_eos,
+                *causal_lm_preprocessors()])
 
 
 register()

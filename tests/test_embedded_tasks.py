@@ -176,6 +176,26 @@ def test_wordpiece_lm_task_is_a_causal_lm_on_the_mlm_tasks_tokens():
   assert seps > 0  # documents end in [SEP]
 
 
+def test_text_to_text_classification_tasks_write_the_label_as_a_word():
+  from t5lite_tasks import embedded_heads, embedded_text_to_text
+  vocab, lengths = embedded.VOCABULARY, {"inputs": 96, "targets": 8}
+  for name, words in (("stdlib_docstring_module", embedded_heads.MODULES),
+                      ("stdlib_sentence_pair", embedded_text_to_text.PAIR_LABELS)):
+    task = TaskRegistry.get(name)
+    examples = describe.preprocessed_examples(task, "validation", lengths, 40)
+    targets = [vocab.decode(ex["targets"].tolist()) for ex in examples]
+    assert set(targets) == set(words) and all(ex["targets"][-1] == 1 for ex in examples)
+    prefix = name.split("stdlib_")[1].replace("_", " ")
+    assert all(vocab.decode(ex["inputs"].tolist()).startswith(prefix) for ex in examples)
+    assert task.metric_fns[0](targets, targets[::-1])["accuracy"] < 100
+  # The whole-span LM in the same vocabulary: every token in the loss, EOS between documents.
+  config = pipeline.PipelineConfig(global_batch_size=4, task_feature_lengths={"targets": 61})
+  batches = list(itertools.islice(pipeline.get_dataset(
+      "stdlib_lm_sentencepiece", config, DecoderOnlyFeatureConverter()), 4))
+  assert all(b["decoder_loss_weights"].all() for b in batches)
+  assert any((b["decoder_target_tokens"] == vocab.eos_id).any() for b in batches)
+
+
 def mlm_rows(batch):
   """Each packed segment's (targets, inputs, weights)."""
   for r in range(batch["encoder_segment_ids"].shape[0]):

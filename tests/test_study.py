@@ -47,6 +47,32 @@ def result(arm, seed, accuracies, steps=10, flops=1e9):
           "score": float(np.mean(list(accuracies.values())))}
 
 
+def test_t5_objectives_arms_have_the_papers_params_and_costs():
+  """Table 2's P and M: the encoder-decoder 2P at cost M; shared P at M; half the layers P
+  at M/2; the language model and prefix LM (L layers over inputs + targets) P at about M."""
+  from t5lite.cli import gin_config
+  from t5lite.models import count_params
+  study = spec.get("t5_objectives")
+  scale = study.scale("tiny")
+  plan = runner.pretraining_plan(study, scale)
+  params = {}
+  for arm in study.arms:
+    gin_config.parse([scale.model_file, arm.pretraining.run_file],
+                     [*scale.model_bindings, *arm.model_bindings, *scale.bindings_of(arm.name)])
+    config = gin_config.model_config()
+    embeddings = config.vocab_size * config.d_model * (1 + (not config.tie_output_embedding))
+    params[arm.name] = count_params(config) - embeddings  # the layers' share
+  for objective in ("denoising", "LM"):
+    cost = {a: plan[f"{a}_{objective}"]["flops_per_example"]
+            for a in ("encdec", "shared", "half", "lm", "prefix")}
+    p = {a: params[f"{a}_{objective}"] for a in cost}
+    assert cost["shared"] == cost["encdec"] and 0.45 < cost["half"] / cost["encdec"] < 0.65
+    assert 0.9 < cost["lm"] / cost["encdec"] < 1.3 and cost["prefix"] == cost["lm"]
+    assert 1.7 < p["encdec"] / p["shared"] < 2.3  # the decoder's cross-attention is its own
+    assert 0.8 < p["half"] / p["shared"] < 1.2 and 0.7 < p["lm"] / p["shared"] < 1.1
+    assert p["prefix"] == p["lm"]
+
+
 def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_path):
   study = spec.get("electra_vs_mlm")
   tasks = ("a_head", "b_head")
@@ -256,3 +282,4 @@ def _newest_step_bytes(model_dir) -> int:
   newest = max((p for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
                key=lambda p: int(p.name))
   return sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+

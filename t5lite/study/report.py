@@ -52,17 +52,20 @@ def _row(cells: list[str]) -> str:
 def markdown(study: Study, summary: dict) -> str:
   arms = summary["arms"]
   tasks = list(next(iter(arms.values()))["downstream"])
+  metric = {d.task: d.metric for d in study.scale(summary["scale"]).downstream}
   scoring = ("score = minus the pretraining eval loss (the negative log perplexity of the "
              "targets, higher is better), mean ± std over seeds; no finetuning"
              if study.scored_by_pretraining else
-             "figures are validation accuracy (%) after finetuning (mean ± std over seeds); "
+             "figures are each downstream task's validation metric (%, named in its column) "
+             "after finetuning (mean ± std over seeds); "
              "score = their average. The pretraining eval loss is each arm's own objective's "
              "(comparable between arms of one objective)")
   lines = [f"## `t5lite study {study.name}`: {study.title}", "",
            f"Scale `{summary['scale']}`, {next(iter(arms.values()))['seeds']} seed(s); "
            f"{scoring}. Published: {study.paper}, {study.published_metric}.", "",
            _row(["arm", "pretraining steps", "pretraining FLOPs", "pretraining eval loss",
-                 *(f"`{t}`" for t in tasks), "score", "published"]),
+                 *(f"`{t}` {metric.get(t, '')}".rstrip() for t in tasks), "score",
+                 "published"]),
            _row(["---"] + ["---:"] * (len(tasks) + 5))]
   for name, a in arms.items():
     # One seed has no spread to show.

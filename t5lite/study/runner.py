@@ -17,7 +17,7 @@ import sys
 import time
 
 from t5lite.cli.plot import last_value, read_metrics
-from t5lite.study.spec import FINETUNE_RUN, Arm, Finetuning, Scale, Study
+from t5lite.study.spec import Arm, Finetuning, Scale, Study
 from t5lite.util import atomic
 
 RESULT_FILE = "result.json"
@@ -32,7 +32,7 @@ def pretraining_cost(arm: Arm, scale: Scale) -> tuple[float, int]:
   from t5lite.families import family_of
   gin_config.parse([scale.model_file, arm.pretraining.run_file],
                    [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-                    *arm.pretraining.bindings])
+                    *scale.bindings_of(arm.name), *arm.pretraining.bindings])
   lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
   batch = gin.query_parameter("BATCH_SIZE/macro.value")
   family = family_of(gin_config.model_config())
@@ -175,7 +175,8 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
     _train(pretrain, [scale.model_file, arm.pretraining.run_file],
            [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-            *arm.pretraining.bindings, *_teacher_bindings(arm, out, seed, folder, say),
+            *scale.bindings_of(arm.name), *arm.pretraining.bindings,
+            *_teacher_bindings(arm, out, seed, folder, say),
             seed_binding, *schedule(steps)],
            say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
@@ -198,10 +199,11 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
   for task in scale.downstream:
     finetune = os.path.join(folder, f"finetune_{task.task}")
     say(f"{arm.name} seed {seed}: finetuning on {task.task}")
-    _train(finetune, [scale.model_file, FINETUNE_RUN],
-           [*scale.model_bindings, *arm.model_bindings, *study.finetune_bindings,
-            *scale.finetune_bindings, seed_binding, f"MIXTURE_OR_TASK_NAME='{task.task}'",
-            f"ModelConfig.num_labels={task.num_labels}",
+    _train(finetune, [scale.model_file, study.finetune_run],
+           [*scale.model_bindings, *arm.model_bindings, *scale.bindings_of(arm.name),
+            *study.finetune_bindings, *scale.finetune_bindings, seed_binding,
+            f"MIXTURE_OR_TASK_NAME='{task.task}'",
+            *([f"ModelConfig.num_labels={task.num_labels}"] if task.num_labels else []),
             *_method_bindings(arm.finetuning, start), *arm.finetuning.bindings,
             "TrainConfig.run_eval_before_training=False",
             *schedule(scale.finetune_steps, 0 if arm.finetuning.method != "full"

@@ -20,9 +20,10 @@ SMOKE = "smoke"
 
 @dataclasses.dataclass(frozen=True)
 class Downstream:
-  """A finetuning task with a sequence-classification head and its figure (eval/TASK/METRIC)."""
+  """A finetuning task and its figure (eval/TASK/METRIC): with num_labels, a
+  sequence-classification head's; 0, a text-to-text task's, scored on decoded predictions."""
   task: str
-  num_labels: int
+  num_labels: int = 0
   metric: str = "accuracy"
 
 
@@ -94,6 +95,12 @@ class Scale:
   pretrain_bindings: tuple[str, ...] = ()
   """Pretraining only (its batch size, say)."""
   finetune_bindings: tuple[str, ...] = ()
+  arm_bindings: tuple[tuple[str, tuple[str, ...]], ...] = ()
+  """(arm name, bindings) for arms whose model depends on the scale (an arm of half the
+  layers), after the arm's own model_bindings, in pretraining and finetuning."""
+
+  def bindings_of(self, arm_name: str) -> tuple[str, ...]:
+    return dict(self.arm_bindings).get(arm_name, ())
 
 
 BERT_SMALL_SCALE = Scale("gin/models/bert/tiny.gin", pretrain_steps=20_000, finetune_steps=1_000,
@@ -117,6 +124,9 @@ class Study:
   networks of a pair); else for the same steps."""
   finetune_bindings: tuple[str, ...] = ()
   """Bindings of every finetuning run (e.g. a pair's model file read as one encoder)."""
+  finetune_run: str = FINETUNE_RUN
+  """The finetuning recipe of every arm (a head's; gin/runs/demo_finetune.gin for
+  text-to-text downstream tasks)."""
   scored_by_pretraining: bool = False
   """Score each arm by its pretraining quality, minus its eval loss (the negative log
   perplexity of the targets, higher is better; Switch's Table 1), with no finetuning: for arms
@@ -137,6 +147,8 @@ class Study:
           f"{arm.name}: a PEFT arm needs a pretrained model to adapt")
     for pair in self.orderings:
       assert set(pair) <= set(names), pair
+    for scale in self.scales.values():
+      assert {name for name, _ in scale.arm_bindings} <= set(names), scale.arm_bindings
     assert not self.scored_by_pretraining or all(arm.pretraining for arm in self.arms), (
         "every arm of a study scored by pretraining pretrains its own model")
 
@@ -154,7 +166,7 @@ class Study:
     if name == SMOKE and SMOKE not in self.scales:
       return dataclasses.replace(
           self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
-          downstream=() if self.scored_by_pretraining else DOWNSTREAM[:1])
+          downstream=() if self.scored_by_pretraining else self.scales["tiny"].downstream[:1])
     if name not in self.scales:
       raise ConfigError(f"study {self.name!r} has no scale {name!r}: choose one of "
                         f"{', '.join([*self.scales, SMOKE])}")
