@@ -13,6 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
+from t5lite.models import shared_stacks
 from t5lite.models.adapters import AdapterConfig
 from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe.config import MoeConfig
@@ -242,13 +243,8 @@ class ModelConfig:
         raise ConfigError("ModelConfig.moe: sparse and dense layers differ, so they cannot be "
                           "scanned or shared; set scan_layers=False and shared_layer_groups=0")
 
-    if self.shared_encoder_decoder and (
-        self.architecture != "encoder_decoder" or self.num_encoder_layers != self.num_decoder_layers
-        or self.moe is not None or self.adapter is not None):
-      raise ConfigError("ModelConfig.shared_encoder_decoder needs an encoder-decoder with "
-                        "num_encoder_layers == num_decoder_layers, no moe and no adapter; got "
-                        f"{self.architecture}, {self.num_encoder_layers} and "
-                        f"{self.num_decoder_layers} layers")
+    if self.shared_encoder_decoder:
+      shared_stacks.check(self)
 
   def _check_head_options(self):
     for field, allowed in (("head", HEADS), ("problem_type", PROBLEM_TYPES)):

@@ -19,11 +19,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from t5lite.errors import ConfigError
+
 SHARED = {"attention": "self_attention", "mlp": "mlp",
           **{f"{side}_{e}": f"{side}_{d}" for side in ("pre", "post")
              for e, d in (("attention_layer_norm", "self_attention_layer_norm"),
                           ("mlp_layer_norm", "mlp_layer_norm"))}}
 """An encoder layer's submodule -> the decoder layer's submodule that runs its params."""
+
+
+def check(config) -> None:
+  """ConfigError unless config (with shared_encoder_decoder) can share: two stacks of one
+  depth, and no MoE or adapter (their layers' params differ per stack)."""
+  if (config.architecture != "encoder_decoder"
+      or config.num_encoder_layers != config.num_decoder_layers
+      or config.moe is not None or config.adapter is not None):
+    raise ConfigError("ModelConfig.shared_encoder_decoder needs an encoder-decoder with "
+                      "num_encoder_layers == num_decoder_layers, no moe and no adapter; got "
+                      f"{config.architecture}, {config.num_encoder_layers} and "
+                      f"{config.num_decoder_layers} layers")
 
 
 def _is_layer(name: str) -> bool:
