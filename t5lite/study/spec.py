@@ -161,12 +161,15 @@ class Study:
     return next(arm for arm in self.arms if arm.pretraining)
 
   def scale(self, name: str) -> Scale:
-    """One of self.scales, or 'smoke': tiny's models for a few steps, one downstream task
-    (seconds a run: a check of the plumbing, not a result)."""
+    """One of self.scales, or 'smoke': tiny's models for a few steps, one downstream task,
+    16 examples decoded for its metric (seconds a run: a check of the plumbing, not a
+    result)."""
     if name == SMOKE and SMOKE not in self.scales:
+      tiny = self.scales["tiny"]
       return dataclasses.replace(
-          self.scales["tiny"], pretrain_steps=6, finetune_steps=4,
-          downstream=() if self.scored_by_pretraining else self.scales["tiny"].downstream[:1])
+          tiny, pretrain_steps=6, finetune_steps=4,
+          downstream=() if self.scored_by_pretraining else tiny.downstream[:1],
+          finetune_bindings=(*tiny.finetune_bindings, "TrainConfig.infer_eval_examples=16"))
     if name not in self.scales:
       raise ConfigError(f"study {self.name!r} has no scale {name!r}: choose one of "
                         f"{', '.join([*self.scales, SMOKE])}")
