@@ -73,6 +73,6 @@ def untie(variables: dict[str, Any]) -> dict[str, Any]:
 def expand(params, config) -> Any:
   """The params of the unshared model that computes the same function (the config with
   shared_encoder_decoder=False); params of an unshared config as they are."""
-  if not getattr(config, "shared_encoder_decoder", False):
+  if not config.shared_encoder_decoder:
     return params
   return tie({"params": params})["params"]

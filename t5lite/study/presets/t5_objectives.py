@@ -38,19 +38,20 @@ SHARED = ("ModelConfig.shared_encoder_decoder=True",)
 DECODER = ("ModelConfig.architecture='decoder_only'",)  # of num_decoder_layers = L
 PREFIX_LM = (*DECODER, "ModelConfig.prefix_lm=True")
 
-# (name, label, model bindings, denoising's and LM's pretraining, T5's GLUE with each).
+# (name, label, model bindings, its LM objective's pretraining, T5's GLUE with denoising and
+# with the LM objective).
 ARCHITECTURES = (
-    ("encdec", "encoder-decoder", (), DENOISING, LM, 83.28, 79.56),
-    ("shared", "enc-dec, shared", SHARED, DENOISING, LM, 82.81, 79.60),
-    ("half", "enc-dec, half the layers", (), DENOISING, LM, 80.88, 78.67),
-    ("lm", "language model", DECODER, DENOISING, WHOLE_SPAN_LM, 74.70, 73.78),
-    ("prefix", "prefix LM", PREFIX_LM, DENOISING, LM, 81.82, 79.68),
+    ("encdec", "encoder-decoder", (), LM, 83.28, 79.56),
+    ("shared", "enc-dec, shared", SHARED, LM, 82.81, 79.60),
+    ("half", "enc-dec, half the layers", (), LM, 80.88, 78.67),
+    ("lm", "language model", DECODER, WHOLE_SPAN_LM, 74.70, 73.78),
+    ("prefix", "prefix LM", PREFIX_LM, LM, 81.82, 79.68),
 )
 ARMS = tuple(
     Arm(f"{name}_{objective}", f"{label}, {objective}", pretraining, bindings, published)
-    for name, label, bindings, denoising, lm, *published_pair in ARCHITECTURES
-    for objective, pretraining, published in (("denoising", denoising, published_pair[0]),
-                                              ("LM", lm, published_pair[1])))
+    for name, label, bindings, lm, with_denoising, with_lm in ARCHITECTURES
+    for objective, pretraining, published in (("denoising", DENOISING, with_denoising),
+                                              ("LM", lm, with_lm)))
 T5_SMALL = ("ModelConfig.num_encoder_layers=8", "ModelConfig.num_decoder_layers=8",
             "ModelConfig.d_model=512", "ModelConfig.d_ff=1024", "ModelConfig.num_heads=6",
             "ModelConfig.d_kv=64")
