@@ -1,16 +1,19 @@
 """`t5lite study t5_objectives`' own rows end to end, apart from tests/test_study.py so that
-another worker runs them (each module is one unit of the suite's schedule)."""
+another worker runs them (each module is one unit of the suite's schedule); its runs on one
+fake device, as test_study's."""
 import dataclasses
 
 import pytest
 
 from helpers import checkpoint_params
+from helpers.cli import environment
 from t5lite.study import runner, spec
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_t5_objectives_rows_pretrain_and_finetune_text_to_text_at_smoke_scale(tmp_path):
+def test_t5_objectives_rows_pretrain_and_finetune_text_to_text_at_smoke_scale(
+    tmp_path, monkeypatch):
   """The rows t5_objectives brought (a shared encoder-decoder, half the layers from the
   scale's arm bindings, a causal decoder on whole spans and then on a text-to-text task, a
   prefix LM on span corruption), each pretrained and finetuned at smoke scale and scored by
@@ -22,6 +25,7 @@ def test_t5_objectives_rows_pretrain_and_finetune_text_to_text_at_smoke_scale(tm
       full, name="t5_objectives_rows", arms=tuple(full.arm(n) for n in names),
       orderings=(), scales={"tiny": dataclasses.replace(tiny, arm_bindings=tuple(
           (n, b) for n, b in tiny.arm_bindings if n in names))})
+  monkeypatch.setenv("XLA_FLAGS", environment(devices=1)["XLA_FLAGS"])  # the runs' subprocesses
   results = runner.run(study, "smoke", 1, str(tmp_path), say=lambda _: None)
   for name in names:
     figures = results[name][0]
