@@ -162,3 +162,19 @@ def test_an_old_distillation_record_names_the_same_teacher(tmp_path):
   other = {**record, "teacher_config": config.replace(d_model=config.d_model * 2).to_dict()}
   with pytest.raises(ConfigError, match="teacher_config differ"):
     teacher_lib.check_record(str(tmp_path / "run"), other)
+
+
+@pytest.mark.parametrize("text", ["{", '{"mixture_or_task_name": "t"}',
+                                  '{"mixture_or_task_name": "t", "task_feature_lengths": [64]}',
+                                  '{"mixture_or_task_name": 3, "task_feature_lengths": {}}'])
+def test_a_damaged_task_record_is_named_in_one_line(tmp_path, text):
+  """task.json (what a run trained on: `t5lite infer` reads it) round-trips; a damaged one is
+  a ConfigError naming the file; a folder without one (an older MODEL_DIR) gives None."""
+  assert model_dir.load_task_record(tmp_path) is None
+  model_dir.prepare(tmp_path, ModelConfig(), None, task=("a_task", {"inputs": 7, "targets": 3}))
+  assert model_dir.load_task_record(tmp_path) == {
+      "mixture_or_task_name": "a_task", "task_feature_lengths": {"inputs": 7, "targets": 3}}
+  (tmp_path / "task.json").write_text(text)
+  with pytest.raises(ConfigError, match=r"task\.json is damaged .*: remove it") as error:
+    model_dir.load_task_record(tmp_path)
+  assert "\n" not in str(error.value)

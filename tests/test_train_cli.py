@@ -22,6 +22,7 @@ from helpers import assert_trees_equal, checkpoint_params, logged_losses
 from t5lite import cli
 from t5lite.launch import PREEMPTED_EXIT_CODE
 from t5lite.runtime import checkpoints as ckpt_lib
+from t5lite.runtime import model_dir as model_dir_lib
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +73,10 @@ def reference(gin_file, tmp_path_factory):
 def test_reference_run_writes_a_self_describing_model_dir(reference):
   names = set(os.listdir(reference))
   assert {"checkpoints", "metrics.jsonl", "model_config.json", "vocabulary.json", "config.gin",
-          "tensorboard"} <= names
+          "tensorboard", "task.json"} <= names
+  assert model_dir_lib.load_task_record(reference) == {
+      "mixture_or_task_name": "train_test_sc",
+      "task_feature_lengths": {"inputs": 64, "targets": 16}}
   assert f"TRAIN_STEPS = {STEPS}" in (reference / "config.gin").read_text()
   steps = logged_losses(reference)
   assert sorted(steps) == list(range(1, STEPS + 1))

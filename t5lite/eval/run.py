@@ -20,6 +20,7 @@ EVAL_OUTPUT_DIR (default MODEL_DIR/eval):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -29,11 +30,11 @@ import numpy as np
 
 from t5lite.util.checks import check_feature_lengths, require_int
 from t5lite.data.registry import tasks_of
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.eval.evaluator import DecodeConfig, TaskEvaluator, pad_rows
 from t5lite.families import family_of
 from t5lite.runtime.metrics_writer import MetricsWriter
-from t5lite.runtime.model_dir import check_location
+from t5lite.runtime.model_dir import check_location, load_task_record, model_dir_of
 from t5lite.util import atomic, paths, progress
 
 
@@ -79,7 +80,7 @@ class InferConfig:
   output_path: str = "-"
   """JSONL, one {"inputs", "prediction"} object per input; '-' writes stdout."""
   inputs_length: int = 512
-  """Inputs are tokenized, cut to this length less one, and given an EOS (as T5 tasks do)."""
+  """Inputs are tokenized and cut to this length (less one for an EOS: see prompt_eos)."""
   decode: DecodeConfig = dataclasses.field(
       default_factory=lambda: DecodeConfig(max_decode_length=128))
   adapter: str | None = None
@@ -91,6 +92,11 @@ class InferConfig:
   (LoRA, or soft prompts, or prefixes: one kind) that JSONL inputs pick by name ({"inputs":
   ..., "adapter": "a"}; "base": the base alone, LoRA only); one batch mixes them in one
   program (t5lite.interop.peft.adapter_batch)."""
+  prompt_eos: bool | None = None
+  """Whether each input ends with EOS before decoding. None: as the model was trained. An
+  encoder-decoder's or prefix LM's inputs always did; a causal LM continues the text where it
+  ends (an EOS would end the document), unless it was finetuned on a text-to-text task (its
+  run's task.json has 'inputs' lengths), whose examples were inputs + EOS + targets."""
 
   def __post_init__(self):
     check_location(self.checkpoint_path, "CHECKPOINT_PATH")
@@ -124,7 +130,6 @@ def evaluate_checkpoint(config: EvalConfig, log=print) -> dict[str, float]:
 
   from t5lite.interop.peft import adapter_batch
   from t5lite.runtime import partitioning as part
-  from t5lite.runtime.model_dir import model_dir_of
   tasks = tasks_of(config.mixture_or_task_name)
   no_metrics = [t.name for t in tasks if not t.metric_fns]
   if no_metrics:
@@ -190,7 +195,6 @@ def _vocabulary(config: InferConfig):
   MODEL_DIR) lends the first adapter RUN_DIR's (a PEFT run saves its task's)."""
   from t5lite.data.vocab.vocabularies import load_vocabulary
   from t5lite.interop.peft import adapter_batch
-  from t5lite.runtime.model_dir import model_dir_of
   named = adapter_batch.parse_adapters(config.adapters)
   runs = ([config.adapter] if config.adapter and config.adapter not in named else []) + list(
       named.values())
@@ -271,6 +275,11 @@ def infer(config: InferConfig) -> int:
     model_config, params, _, bank, default = adapter_batch.load_model(
         config.checkpoint_path, config.adapter, config.adapters, mesh, rules,
         per_row=any(a is not None for _, a, _ in records))
+    run_dirs = adapter_batch.parse_adapters(config.adapters)  # a row's adapter: its RUN_DIR
+    if config.adapter and config.adapter not in run_dirs:
+      run_dirs[adapter_batch.DEFAULT_ADAPTER] = config.adapter
+    ends_with_eos = functools.cache(lambda run_dir: prompt_ends_with_eos(
+        config, model_config, run_dir or config.checkpoint_path))
     with part.activate(mesh, rules), progress.Progress("infer", len(texts), "input",
                                                        enabled=primary) as bar:
       for start in range(0, len(texts), decode.batch_size):
@@ -281,12 +290,9 @@ def infer(config: InferConfig) -> int:
           ids = np.zeros(decode.batch_size, np.int32)
           ids[:len(names)] = bank.row_ids(names)
           params = bank.params_for(ids)
-        # A prompt a causal LM continues ends where the text does (an EOS would end the
-        # document); an encoder's or a prefix LM's input ends with EOS, as in training.
-        causal = family_of(model_config).continues_prompts and not model_config.prefix_lm
-        ends = () if causal else (vocab.eos_id,)
-        rows = [np.append(vocab.encode(t)[:config.inputs_length - len(ends)],
-                          ends).astype(np.int32) for t in chunk]
+        rows = [prompt_row(vocab.encode(text), config.inputs_length,
+                           vocab.eos_id if ends_with_eos(run_dirs.get(name)) else None)
+                for text, name in zip(chunk, names)]
         inputs = pad_rows(rows, config.inputs_length, decode.batch_size)
         # Every process decodes (a collective over the mesh); generate returns host arrays.
         tokens = generate(model_config, params, inputs,
@@ -315,6 +321,26 @@ def infer(config: InferConfig) -> int:
     else:
       os.replace(out.name, config.output_path)
   return len(texts)
+
+
+def prompt_ends_with_eos(config: InferConfig, model_config, run_dir: str) -> bool:
+  """InferConfig.prompt_eos, or (None) whether the model in run_dir was trained on inputs
+  that end with EOS (see there)."""
+  if config.prompt_eos is not None:
+    return config.prompt_eos
+  if not family_of(model_config).continues_prompts or model_config.prefix_lm:
+    return True
+  try:
+    record = load_task_record(model_dir_of(run_dir))
+  except ConfigFileNotFoundError:  # an HF directory: a causal LM as HF trains one
+    return False
+  return record is not None and "inputs" in record["task_feature_lengths"]
+
+
+def prompt_row(ids: Sequence[int], length: int, eos_id: int | None) -> np.ndarray:
+  """A prompt's ids cut to `length`, the last position kept for eos_id unless it is None."""
+  ends = () if eos_id is None else (eos_id,)
+  return np.append(np.asarray(ids[:length - len(ends)], np.int32), ends).astype(np.int32)
 
 
 def _open_output(path: str):

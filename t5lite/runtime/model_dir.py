@@ -5,6 +5,7 @@
     vocabulary.json        the vocabulary (t5lite.data.vocab.vocabularies.load_vocabulary reads it,
     spiece.model           as does T5LITE_VOCAB=MODEL_DIR) and its sentencepiece model
     config.gin             the gin config the run was started with
+    task.json              what it trained on: {"mixture_or_task_name", "task_feature_lengths"}
     checkpoints/<step>/    orbax checkpoints: state (TrainState) + data (iterator state)
     metrics.jsonl          one JSON object per logged step; tensorboard/ the same as events
 
@@ -33,6 +34,7 @@ from t5lite.util import paths
 
 MODEL_CONFIG_FILE = "model_config.json"
 GIN_FILE = "config.gin"
+TASK_FILE = "task.json"
 SHARED_CHECK_FILE = ".t5lite_shared_check"
 """Prefix of the file process 0 writes, and every process reads, as a multi-process run
 starts (check_shared); removed once read."""
@@ -46,6 +48,24 @@ def load_model_config(model_dir: str | os.PathLike) -> ModelConfig:
   if not paths.isfile(path):
     raise ConfigFileNotFoundError(f"{path} not found: {model_dir} is not a t5lite MODEL_DIR")
   return ModelConfig.from_json(paths.read_text(path))
+
+
+def load_task_record(model_dir: str | os.PathLike) -> dict | None:
+  """task.json's {"mixture_or_task_name": str, "task_feature_lengths": {feature: length}},
+  or None where the folder has none (an HF directory, a MODEL_DIR of an older t5lite)."""
+  path = paths.join(model_dir, TASK_FILE)
+  if not paths.isfile(path):
+    return None
+  try:
+    record = json.loads(paths.read_text(path))
+    lengths = record["task_feature_lengths"]
+    if not (isinstance(record["mixture_or_task_name"], str) and isinstance(lengths, dict)
+            and all(isinstance(k, str) and isinstance(v, int) for k, v in lengths.items())):
+      raise ValueError("not the fields t5lite writes")
+  except (ValueError, TypeError, KeyError) as e:
+    raise ConfigError(f"{path} is damaged ({type(e).__name__}: {e}): remove it, or copy it "
+                      "from the run that wrote this MODEL_DIR") from None
+  return record
 
 
 def model_dir_of(checkpoint_path: str | os.PathLike) -> str:
@@ -137,8 +157,10 @@ def check_vocabulary(model_dir: str | os.PathLike, vocabulary: Vocabulary | None
 
 
 def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
-            vocabulary: Vocabulary | None, gin_config_text: str | None = None) -> None:
-  """Writes (or, when present, checks) model_config.json, the vocabulary and config.gin.
+            vocabulary: Vocabulary | None, gin_config_text: str | None = None,
+            task: tuple[str, dict[str, int]] | None = None) -> None:
+  """Writes (or, when present, checks) model_config.json, the vocabulary and config.gin, and
+  task.json from `task` (its name and feature lengths).
 
   Call on the primary process only, once every check that can refuse the run has passed
   (t5lite.train.trainer.train): a refused run leaves MODEL_DIR as it found it. A MODEL_DIR
@@ -153,6 +175,10 @@ def prepare(model_dir: str | os.PathLike, model_config: ModelConfig,
     vocabulary.save(model_dir)
   if gin_config_text is not None:
     _write_atomic(paths.join(model_dir, GIN_FILE), gin_config_text)
+  if task is not None:
+    name, lengths = task
+    write_json(paths.join(model_dir, TASK_FILE), {
+        "mixture_or_task_name": name, "task_feature_lengths": dict(lengths)})
 
 
 def check_location(path: str | os.PathLike | None, what: str = "MODEL_DIR") -> None:

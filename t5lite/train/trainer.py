@@ -251,7 +251,8 @@ def train(model_config: ModelConfig, config: TrainConfig, *, mesh: Mesh | None =
 
   def prepare() -> None:  # once the run is sure to go on
     if trainer.is_primary:
-      model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text)
+      model_dir_lib.prepare(config.model_dir, model_config, vocabulary, gin_config_text,
+                            task=(config.mixture_or_task_name, config.task_feature_lengths))
       trainer.recipe.record(config.model_dir)
 
   # The CLI entered the flag before startup; entering it again takes it over (or installs it).
