@@ -42,7 +42,7 @@ import sys
 
 from t5lite.util import atomic, paths, staging
 from t5lite.data import preprocessors as pp
-from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.vocab.hf_training import train_byte_level_bpe, train_wordpiece
 from t5lite.data.objectives.chains import (causal_lm_preprocessors, mlm_preprocessors,
                                            prefix_lm_preprocessors,
                                            span_corruption_preprocessors)

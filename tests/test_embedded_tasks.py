@@ -13,7 +13,7 @@ from t5lite import cli
 from t5lite.data import describe, pipeline, rows
 from t5lite.data.converters.sequence import (DecoderOnlyFeatureConverter, EncDecFeatureConverter,
                                     EncoderOnlyFeatureConverter)
-from t5lite.data.vocab.hf_vocabularies import train_wordpiece
+from t5lite.data.vocab.hf_training import train_wordpiece
 from t5lite.data.registry import TaskRegistry
 from t5lite.data.vocab.vocabularies import load_vocabulary
 from t5lite_tasks import embedded

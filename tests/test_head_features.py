@@ -11,7 +11,8 @@ import pytest
 from tokenizers import processors
 
 from t5lite.data.converters import head_features as hf
-from t5lite.data.vocab.hf_vocabularies import WordPieceVocabulary, train_wordpiece
+from t5lite.data.vocab.hf_training import train_wordpiece
+from t5lite.data.vocab.hf_vocabularies import WordPieceVocabulary
 from t5lite.data.registry import Feature
 from t5lite.data.vocab.vocabularies import ByteVocabulary
 from t5lite.errors import ConfigError

@@ -15,7 +15,7 @@ import pytest
 import t5lite_tasks  # noqa: F401 (registers the tasks)
 from t5lite_tasks import conll_ner, embedded, embedded_heads, glue_heads
 from t5lite.data.converters import head_features as hf
-from t5lite.data.vocab.hf_vocabularies import train_wordpiece
+from t5lite.data.vocab.hf_training import train_wordpiece
 from t5lite.data.registry import TaskRegistry
 from t5lite.data.rows import PipelineConfig, task_row_dataset
 from t5lite.data.vocab.vocabularies import ByteVocabulary

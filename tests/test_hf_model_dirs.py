@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import t5lite
-from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.vocab.hf_training import train_byte_level_bpe, train_wordpiece
 from t5lite.data.sources.stdlib_corpus import stdlib_documents
 from t5lite.data.vocab.vocabularies import load_vocabulary
 from t5lite.cli.export import export_hf

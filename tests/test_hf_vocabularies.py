@@ -20,8 +20,8 @@ import transformers
 from t5lite.data.objectives import token_objectives as objectives
 from t5lite.data.objectives import chains as pretraining
 from t5lite.data import preprocessors as pp
-from t5lite.data.vocab.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
-                                         train_byte_level_bpe, train_wordpiece)
+from t5lite.data.vocab.hf_training import train_byte_level_bpe, train_wordpiece
+from t5lite.data.vocab.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
 from t5lite.data.registry import Feature
 from t5lite.data.sources.stdlib_corpus import stdlib_documents
 from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary,
@@ -236,7 +236,7 @@ def test_load_an_hf_tokenizer_directory(hand_vocab_txt, bpe, tmp_path):
 DETERMINISM = """
 import sys
 from t5lite.data.sources.stdlib_corpus import stdlib_documents
-from t5lite.data.vocab.hf_vocabularies import train_byte_level_bpe, train_wordpiece
+from t5lite.data.vocab.hf_training import train_byte_level_bpe, train_wordpiece
 texts = [d["text"] for d in stdlib_documents()][:300]
 print(train_wordpiece(texts, 1500)._key()[0], train_byte_level_bpe(texts, 1500)._key()[0])
 """

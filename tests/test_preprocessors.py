@@ -110,7 +110,7 @@ def test_text_the_vocabulary_mostly_drops_is_encoded_until_enough_tokens_are_the
   hold none of the kept tokens, so more is encoded until they are there."""
   import inspect
   import json
-  from t5lite.data.vocab.hf_vocabularies import train_wordpiece
+  from t5lite.data.vocab.hf_training import train_wordpiece
   text = [" ".join(inspect.getdoc(json).split())]
   vocab = train_wordpiece(text * 3, 300)
   features = {"inputs": Feature(vocab)}

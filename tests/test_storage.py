@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import step as orbax_steps
 
-from t5lite.data.vocab import hf_vocabularies, vocabularies
+from t5lite.data.vocab import hf_training, vocabularies
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
 from t5lite.runtime import checkpoints, lease as lease_lib
 from t5lite.util import paths, storage
@@ -380,9 +380,9 @@ def test_a_vocabulary_in_a_bucket_loads_as_the_same_one_from_disk(bucket, kind, 
     vocabulary = vocabularies.SentencePieceVocabulary(model, extra_ids=100 if kind == "hf_spiece"
                                                       else 7)
   elif kind == "wordpiece":
-    vocabulary = hf_vocabularies.train_wordpiece(TEXTS, vocab_size=90)
+    vocabulary = hf_training.train_wordpiece(TEXTS, vocab_size=90)
   else:
-    vocabulary = hf_vocabularies.train_byte_level_bpe(TEXTS, vocab_size=300)
+    vocabulary = hf_training.train_byte_level_bpe(TEXTS, vocab_size=300)
   if kind == "hf_spiece":  # an HF checkpoint's folder: spiece.model alone
     (tmp_path / vocabularies.SPIECE_FILE).write_bytes(vocabulary.serialized_model)
   else:

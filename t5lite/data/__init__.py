@@ -16,8 +16,8 @@ from t5lite.data.registry import (CACHE_POINT, Feature, Mixture, MixtureRegistry
 # (vocabularies.py cannot import them: they import it), and every import of t5lite.data runs
 # this first. tokenizer_json comes second: an HF folder with vocab.txt or vocab.json +
 # merges.txt (and a tokenizer.json too) keeps loading as WordPiece / byte-level BPE.
-from t5lite.data.vocab.hf_vocabularies import (ByteLevelBPEVocabulary, WordPieceVocabulary,
-                                         train_byte_level_bpe, train_wordpiece)
+from t5lite.data.vocab.hf_vocabularies import ByteLevelBPEVocabulary, WordPieceVocabulary
+from t5lite.data.vocab.hf_training import train_byte_level_bpe, train_wordpiece
 from t5lite.data.vocab.tokenizer_json import TokenizerJsonVocabulary
 from t5lite.data.vocab.vocabularies import (ByteVocabulary, SentencePieceVocabulary, Vocabulary,
                                       train_sentencepiece)
