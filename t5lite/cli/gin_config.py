@@ -27,7 +27,8 @@ from t5lite.models.adapters import AdapterConfig
 from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe.config import MoeConfig
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
-from t5lite.models.config import MOVED_FIELDS, ModelConfig
+from t5lite.models.config import ModelConfig
+from t5lite.models.config_legacy import MOVED_FIELDS
 from t5lite.runtime.checkpoints import CheckpointConfig
 from t5lite.runtime.wandb_sink import WandbConfig
 from t5lite.runtime.partitioning import MeshConfig

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from t5lite.errors import ConfigError
 from t5lite.models import shared_stacks
 from t5lite.models.adapters import AdapterConfig
+from t5lite.models.config_legacy import upgrade_legacy_keys
 from t5lite.models.electra_config import ElectraConfig
 from t5lite.models.moe.config import MoeConfig
 from t5lite.models.span_boundary_config import SpanBoundaryConfig
@@ -35,21 +36,6 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
 HEADS = ("", "sequence_classification", "token_classification", "question_answering",
          "multiple_choice")
 PROBLEM_TYPES = ("", "single_label_classification", "multi_label_classification", "regression")
-# Top-level keys of model_config.json files written before ELECTRA's and SpanBERT's options
-# moved into their sub-configs (ModelConfig.electra, ModelConfig.span_boundary); from_dict
-# maps them (_upgrade_legacy_keys), so existing MODEL_DIRs keep loading.
-LEGACY_ELECTRA_KEYS = ("replaced_token_detection", "generator_hidden_fraction",
-                       "discriminator_loss_weight")
-LEGACY_SPAN_BOUNDARY_KEYS = ("span_boundary_objective", "max_span_length")
-MOVED_FIELDS = {  # old ModelConfig field -> its binding now (for gin's error messages)
-    "replaced_token_detection": "ModelConfig.electra = @ElectraConfig() (None: False)",
-    "generator_hidden_fraction": "ElectraConfig.generator_hidden_fraction",
-    "discriminator_loss_weight": "ElectraConfig.discriminator_loss_weight",
-    "span_boundary_objective": "ModelConfig.span_boundary = @SpanBoundaryConfig() (None: False)",
-    "max_span_length": "SpanBoundaryConfig.max_span_length",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture and numerics of a model. Defaults are T5 v1.1 small."""
@@ -419,7 +405,7 @@ class ModelConfig:
 
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-    values = _upgrade_legacy_keys(values)
+    values = upgrade_legacy_keys(values)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -436,48 +422,3 @@ class ModelConfig:
   @classmethod
   def from_json(cls, text: str) -> "ModelConfig":
     return cls.from_dict(json.loads(text))
-
-
-def _upgrade_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
-  """values with the top-level ELECTRA and SpanBERT keys of older model_config.json files
-  (LEGACY_*_KEYS) moved into the sub-configs that hold them now, so that MODEL_DIRs written
-  before the move load as the same model. An old file wrote all five keys, defaults included:
-
-    replaced_token_detection true   -> electra {generator_hidden_fraction,
-                                                discriminator_loss_weight}; false -> null
-    span_boundary_objective true    -> span_boundary {max_span_length}; false -> null
-
-  Values that only applied with the objective off (a max_span_length, a loss weight of a
-  model without the discriminator head) changed nothing and are dropped. A dict that also
-  has the new key is refused: which of the two holds is ambiguous."""
-  old = [k for k in LEGACY_ELECTRA_KEYS + LEGACY_SPAN_BOUNDARY_KEYS if k in values]
-  if not old:
-    return values
-  values = dict(values)
-  legacy = {k: values.pop(k) for k in old}
-  electra_keys = [k for k in old if k in LEGACY_ELECTRA_KEYS]
-  if electra_keys:
-    if "electra" in values:
-      raise ConfigError(f"ModelConfig fields {electra_keys} (model_config.json before the "
-                        f"ElectraConfig) and electra={values['electra']!r} are both set: keep "
-                        "electra only")
-    fraction = legacy.get("generator_hidden_fraction", 0.0)
-    if legacy.get("replaced_token_detection", False):
-      values["electra"] = {"generator_hidden_fraction": fraction,
-                           "discriminator_loss_weight":
-                               legacy.get("discriminator_loss_weight", 50.0)}
-    elif fraction:
-      raise ConfigError(f"generator_hidden_fraction={fraction} with replaced_token_detection="
-                        "false: the generator trains beside ELECTRA's discriminator; use "
-                        f"electra={{'generator_hidden_fraction': {fraction}}}")
-    else:
-      values["electra"] = None
-  span_keys = [k for k in old if k in LEGACY_SPAN_BOUNDARY_KEYS]
-  if span_keys:
-    if "span_boundary" in values:
-      raise ConfigError(f"ModelConfig fields {span_keys} (model_config.json before the "
-                        f"SpanBoundaryConfig) and span_boundary={values['span_boundary']!r} "
-                        "are both set: keep span_boundary only")
-    values["span_boundary"] = ({"max_span_length": legacy.get("max_span_length", 10)}
-                               if legacy.get("span_boundary_objective", False) else None)
-  return values
