@@ -50,10 +50,10 @@ def _no_more(out, results):
 @pytest.mark.slow
 # bert_ablations before pretrain_vs_scratch: the latter's runs are then compiled already (same
 # worker, same compilation cache).
-@pytest.mark.parametrize("name, check", [("bert_ablations", _no_more),
-                                         ("pretrain_vs_scratch", _no_more),
-                                         ("modifications", _modifications),
-                                         ("distillation", _distillation)])
+@pytest.mark.parametrize("name, check", [
+    pytest.param(name, check, id=name) for name, check in (
+        ("bert_ablations", _no_more), ("pretrain_vs_scratch", _no_more),
+        ("modifications", _modifications), ("distillation", _distillation))])
 def test_every_other_preset_runs_at_smoke_scale(name, check, tmp_path):
   out = tmp_path / "study"
   done = run_t5lite("study", name, "--scale", "smoke", "--out", out, devices=1, timeout=900)
