@@ -275,9 +275,7 @@ def infer(config: InferConfig) -> int:
     model_config, params, _, bank, default = adapter_batch.load_model(
         config.checkpoint_path, config.adapter, config.adapters, mesh, rules,
         per_row=any(a is not None for _, a, _ in records))
-    run_dirs = adapter_batch.parse_adapters(config.adapters)  # a row's adapter: its RUN_DIR
-    if config.adapter and config.adapter not in run_dirs:
-      run_dirs[adapter_batch.DEFAULT_ADAPTER] = config.adapter
+    run_dirs = bank.paths if bank is not None else {}  # a row's adapter: its RUN_DIR
     ends_with_eos = functools.cache(lambda run_dir: prompt_ends_with_eos(
         config, model_config, run_dir or config.checkpoint_path))
     with part.activate(mesh, rules), progress.Progress("infer", len(texts), "input",

@@ -40,10 +40,7 @@ def upgrade_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
   legacy = {k: values.pop(k) for k in old}
   electra_keys = [k for k in old if k in LEGACY_ELECTRA_KEYS]
   if electra_keys:
-    if "electra" in values:
-      raise ConfigError(f"ModelConfig fields {electra_keys} (model_config.json before the "
-                        f"ElectraConfig) and electra={values['electra']!r} are both set: keep "
-                        "electra only")
+    _refuse_both(values, electra_keys, "electra", "ElectraConfig")
     fraction = legacy.get("generator_hidden_fraction", 0.0)
     if legacy.get("replaced_token_detection", False):
       values["electra"] = {"generator_hidden_fraction": fraction,
@@ -57,10 +54,15 @@ def upgrade_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
       values["electra"] = None
   span_keys = [k for k in old if k in LEGACY_SPAN_BOUNDARY_KEYS]
   if span_keys:
-    if "span_boundary" in values:
-      raise ConfigError(f"ModelConfig fields {span_keys} (model_config.json before the "
-                        f"SpanBoundaryConfig) and span_boundary={values['span_boundary']!r} "
-                        "are both set: keep span_boundary only")
+    _refuse_both(values, span_keys, "span_boundary", "SpanBoundaryConfig")
     values["span_boundary"] = ({"max_span_length": legacy.get("max_span_length", 10)}
                                if legacy.get("span_boundary_objective", False) else None)
   return values
+
+
+def _refuse_both(values: dict[str, Any], old_keys: list[str], field: str, sub_config: str):
+  """Old keys beside their new sub-config field: which of the two holds is ambiguous."""
+  if field in values:
+    raise ConfigError(f"ModelConfig fields {old_keys} (model_config.json before the "
+                      f"{sub_config}) and {field}={values[field]!r} are both set: keep "
+                      f"{field} only")
