@@ -136,11 +136,70 @@ def test_a_study_scored_by_pretraining_reads_minus_the_eval_loss():
     (["electra_vs_mlm", "--scale", "huge"],
      "has no scale 'huge': choose one of tiny, small, smoke"),
     (["electra_vs_mlm", "--seeds", "0"], "--seeds must be at least 1"),
+    (["distillation", "--arms", "teacher,nope"],
+     "study 'distillation' has no arm nope: choose among teacher, distilled, scratch"),
 ])
 def test_bad_arguments_are_refused_in_one_line(args, message, capsys, tmp_path):
   assert cli.main(["study", *args, "--out", str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err.strip()
   assert message in err and len(err.splitlines()) == 1
+
+
+def test_some_arms_bring_the_arms_they_need_and_the_orderings_between_them():
+  """--arms: a distilled student needs its teacher, a PEFT arm the arm whose pretraining it
+  adapts; the steps stay the whole study's plan (the reference arm's budget)."""
+  study = spec.get("distillation")
+  assert [arm.name for arm in study.only(("distilled",)).arms] == ["teacher", "distilled"]
+  assert study.only(("distilled",)).orderings == (("teacher", "distilled"),)
+  assert study.only(("scratch",)).orderings == ()
+  peft = spec.get("peft_vs_full")
+  assert [arm.name for arm in peft.only(("prompt_tuning",)).arms] == ["full", "prompt_tuning"]
+  bert = spec.get("bert_ablations")
+  assert [arm.name for arm in bert.only(("ltr", "mlm")).arms] == ["mlm", "ltr"]
+  t5 = spec.get("t5_objectives")
+  tiny = t5.only(("half_LM",)).scales["tiny"]
+  assert tiny.bindings_of("half_LM") == t5.scales["tiny"].bindings_of("half_LM") != ()
+  assert {name for name, _ in tiny.arm_bindings} == {"half_LM"}
+
+
+def test_each_modifications_arm_is_its_activation_and_norm_at_equal_flops():
+  """Each arm's model as its runs build it (the gin files and bindings the runner passes);
+  the gated arms (a third MLP matrix) get fewer steps than ReLU's at equal FLOPs. The smoke
+  in test_study_presets runs two of them."""
+  study = spec.get("modifications")
+  expected = {"relu": ("relu", "layer"), "gelu": ("gelu_exact", "layer"),
+              "geglu": ("gated-gelu", "layer"), "swiglu": ("swiglu", "layer"),
+              "rmsnorm": ("gelu_exact", "rms")}
+  for scale_name in ("tiny", spec.SMOKE):
+    scale = study.scale(scale_name)
+    for arm in study.arms:
+      config = _pretraining_model(scale, arm)
+      assert (config.mlp_activation, config.norm) == expected[arm.name], arm.name
+    steps = {arm: entry["steps"] for arm, entry in runner.pretraining_plan(study, scale).items()}
+    reference = scale.pretrain_steps
+    assert steps["relu"] == steps["gelu"] == steps["rmsnorm"] == reference
+    assert 0 < steps["geglu"] == steps["swiglu"] < reference, steps
+
+
+def test_distillation_has_a_4_layer_teacher_and_2_layer_students_at_equal_steps():
+  """The smoke in test_study_presets runs the teacher and the distilled student."""
+  study = spec.get("distillation")
+  for scale_name in ("tiny", spec.SMOKE):
+    scale = study.scale(scale_name)
+    layers = {arm.name: _pretraining_model(scale, arm).num_encoder_layers for arm in study.arms}
+    assert layers == {"teacher": 4, "distilled": 2, "scratch": 2}
+    plan = runner.pretraining_plan(study, scale)
+    assert {entry["steps"] for entry in plan.values()} == {scale.pretrain_steps}
+
+
+def _pretraining_model(scale, arm):
+  """The ModelConfig of an arm's pretraining run, from the gin files and bindings the runner
+  gives it."""
+  from t5lite.cli import gin_config
+  gin_config.parse([scale.model_file, arm.pretraining.run_file],
+                   [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
+                    *scale.bindings_of(arm.name), *arm.pretraining.bindings])
+  return gin_config.model_config()
 
 
 def test_an_out_folder_holds_one_study(tmp_path):

@@ -2,6 +2,7 @@
 
   t5lite study list
   t5lite study NAME [--seeds 1] [--scale tiny|small|smoke] [--out runs/study/NAME]
+                    [--arms A,B]
 
 Each arm of the preset pretrains on the same embedded data at equal compute (the cost model's
 FLOPs, both networks of a two-network recipe counted), finetunes on the same downstream tasks
@@ -10,7 +11,8 @@ with the same recipe, and is evaluated (t5lite/study/runner.py: real `t5lite tra
 mean ± std over the seeds per arm beside the paper's figure and says for each of the paper's
 orderings whether it held, in OUT/study.md, OUT/study.json and OUT/study.png; the last line
 printed is one JSON object. Rerunning the same command continues an interrupted study and
-reruns no arm-seed already done; a larger --seeds adds seeds.
+reruns no arm-seed already done; a larger --seeds adds seeds. --arms runs some arms only (the
+table then shows those and the orderings between them); a later run without it adds the rest.
 
 Scales: `tiny` (the default) fits a 2-core CPU in about 30 minutes a seed; `small` sizes the
 arms as the papers' small models (batch 128) for a GPU or TPU; `smoke` runs tiny's models for
@@ -41,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--scale", default="tiny",
                       help="tiny (2 CPU cores), small (GPU/TPU) or smoke")
   parser.add_argument("--out", default=None, help="default: runs/study/NAME")
+  parser.add_argument("--arms", default="",
+                      help="comma-separated arms to run (and those they need: a teacher, a "
+                      "shared pretraining); default: all. Steps stay the whole study's")
   return parser
 
 
@@ -70,6 +75,8 @@ def main(argv: list[str]) -> int:
     raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
   study = spec.get(args.name)
   scale = study.scale(args.scale)
+  arms = tuple(name for name in args.arms.split(",") if name)
+  chosen = study.only(arms) if arms else study
   out = args.out or os.path.join("runs", "study", study.name)
   started = time.time()
 
@@ -81,7 +88,7 @@ def main(argv: list[str]) -> int:
                     "plan": {arm: entry["steps"] for arm, entry in plan.items()},
                     "finetune_steps": scale.finetune_steps,
                     "downstream": [task.task for task in scale.downstream]})
-  for arm in study.arms:
+  for arm in chosen.arms:
     steps = plan.get(arm.name, {}).get("steps", 0)
     method = ("" if arm.finetuning.method == "full"
               else f"; finetuned by {arm.finetuning.method}")
@@ -92,11 +99,11 @@ def main(argv: list[str]) -> int:
       say(f"arm {arm.label}: {steps:,} pretraining steps"
           + (f" ({plan[arm.name]['flops']:.3g} FLOPs)" if steps else " (none: from scratch)")
           + method)
-  results = runner.run(study, args.scale, args.seeds, out, say)
-  summary = report.summarize(study, results, args.scale)
-  paths = report.write(study, results, summary, out)
+  results = runner.run(study, args.scale, args.seeds, out, say, arms)
+  summary = report.summarize(chosen, results, args.scale)
+  paths = report.write(chosen, results, summary, out)
   print()
-  print(report.markdown(study, summary))
+  print(report.markdown(chosen, summary))
   # Not bench.machine.describe(): it starts JAX's backend, which on a GPU would take the
   # memory the training subprocesses need.
   from t5lite.bench.machine import cpu_info

@@ -217,13 +217,16 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
   return result
 
 
-def run(study: Study, scale_name: str, seeds: int, out: str, say=print) -> dict:
-  """{arm: [result per seed]} of the whole study, seed by seed (every arm's seed 0 first, so
-  that an early stop still compares all arms)."""
+def run(study: Study, scale_name: str, seeds: int, out: str, say=print,
+        arms: tuple[str, ...] = ()) -> dict:
+  """{arm: [result per seed]} of the whole study, or of `arms` (Study.only), seed by seed
+  (every arm's seed 0 first, so that an early stop still compares all arms). The steps are
+  the whole study's plan either way."""
   scale = study.scale(scale_name)
   plan = pretraining_plan(study, scale)
-  results = {arm.name: [] for arm in study.arms}
+  chosen = study.only(arms).arms if arms else study.arms
+  results = {arm.name: [] for arm in chosen}
   for seed in range(seeds):
-    for arm in study.arms:
+    for arm in chosen:
       results[arm.name].append(run_arm(study, arm, scale, plan, seed, out, say))
   return results

@@ -155,6 +155,27 @@ class Study:
   def arm(self, name: str) -> Arm:
     return next(arm for arm in self.arms if arm.name == name)
 
+  def only(self, names: tuple[str, ...]) -> "Study":
+    """This study with the named arms and those they need (a teacher, the arm whose
+    pretraining they share), in the study's order; its orderings those between them. Plan
+    its pretraining on the whole study (the budget is the reference arm's, chosen or not)."""
+    known = [arm.name for arm in self.arms]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+      raise ConfigError(f"study {self.name!r} has no arm {', '.join(unknown) or '(none named)'}"
+                        f": choose among {', '.join(known)}")
+    chosen = set(names)
+    for arm in reversed(self.arms):  # a needed arm comes earlier than the arm needing it
+      if arm.name in chosen:
+        chosen.update(a for a in (arm.pretrained_by,
+                                  arm.pretraining.teacher if arm.pretraining else "") if a)
+    return dataclasses.replace(
+        self, arms=tuple(arm for arm in self.arms if arm.name in chosen),
+        orderings=tuple(pair for pair in self.orderings if set(pair) <= chosen),
+        scales={name: dataclasses.replace(scale, arm_bindings=tuple(
+            (arm, bindings) for arm, bindings in scale.arm_bindings if arm in chosen))
+                for name, scale in self.scales.items()})
+
   @property
   def reference(self) -> Arm:
     """The arm whose pretraining sets the budget: the first that pretrains."""
