@@ -14,8 +14,9 @@ from helpers import tiny
 from t5lite.models import abstract_params, make_model, param_logical_axes
 from t5lite.models.params import scan_params, unscan_params
 from t5lite.train import schedules
-from t5lite.train.optimizers import (OptimizerConfig, adafactor, declared, factored_dims,
-                                     learning_rate_at, make_optimizer, trainable_only)
+from t5lite.train.adafactor import adafactor, factored_dims
+from t5lite.train.optimizers import (OptimizerConfig, declared, learning_rate_at, make_optimizer,
+                                     trainable_only)
 from t5lite.train.schedules import ScheduleConfig, make_schedule
 
 STEPS = 3
