@@ -49,8 +49,6 @@ def _no_more(out, results):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-# bert_ablations before pretrain_vs_scratch: the latter's runs are then compiled already (same
-# worker, same compilation cache).
 @pytest.mark.parametrize("name, arms, check", [
     pytest.param(name, arms, check, id=name) for name, arms, check in (
         ("bert_ablations", "mlm_nsp,mlm,ltr", _no_more), ("pretrain_vs_scratch", "", _no_more),
