@@ -196,9 +196,7 @@ def _pretraining_model(scale, arm):
   """The ModelConfig of an arm's pretraining run, from the gin files and bindings the runner
   gives it."""
   from t5lite.cli import gin_config
-  gin_config.parse([scale.model_file, arm.pretraining.run_file],
-                   [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-                    *scale.bindings_of(arm.name), *arm.pretraining.bindings])
+  gin_config.parse(*runner.pretraining_gin(arm, scale))
   return gin_config.model_config()
 
 

@@ -170,14 +170,14 @@ def activate(mesh: Mesh, rules: LogicalRules) -> Iterator[Mesh]:
 
 
 def _path_str(path) -> str:
-  return "/".join(str(_key_name(k)) for k in path)
+  return "/".join(key_name(k) for k in path)
 
 
-def _key_name(key) -> Any:
-  """The plain name in a pytree path entry (DictKey.key, GetAttrKey.name, SequenceKey.idx)."""
+def key_name(key) -> str:
+  """The plain name of a pytree path entry (DictKey.key, GetAttrKey.name, SequenceKey.idx)."""
   for attr in ("key", "name", "idx"):
     if hasattr(key, attr):
-      return getattr(key, attr)
+      return str(getattr(key, attr))
   return str(key)
 
 

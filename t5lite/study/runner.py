@@ -23,6 +23,14 @@ from t5lite.util import atomic
 RESULT_FILE = "result.json"
 
 
+def pretraining_gin(arm: Arm, scale: Scale) -> tuple[list[str], list[str]]:
+  """(gin files, bindings) of an arm's pretraining run at a scale, before its seed, schedule
+  and teacher (what its model and batch follow from)."""
+  return ([scale.model_file, arm.pretraining.run_file],
+          [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
+           *scale.bindings_of(arm.name), *arm.pretraining.bindings])
+
+
 def pretraining_cost(arm: Arm, scale: Scale) -> tuple[float, int]:
   """(FLOPs per example of the arm's pretraining: both networks of a pair, the cost model of
   Family.flops_per_example; its batch size)."""
@@ -30,9 +38,7 @@ def pretraining_cost(arm: Arm, scale: Scale) -> tuple[float, int]:
 
   from t5lite.cli import gin_config
   from t5lite.families import family_of
-  gin_config.parse([scale.model_file, arm.pretraining.run_file],
-                   [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-                    *scale.bindings_of(arm.name), *arm.pretraining.bindings])
+  gin_config.parse(*pretraining_gin(arm, scale))
   lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
   batch = gin.query_parameter("BATCH_SIZE/macro.value")
   family = family_of(gin_config.model_config())
@@ -173,12 +179,9 @@ def run_arm(study: Study, arm: Arm, scale: Scale, plan: dict, seed: int, out: st
     steps = plan[arm.name]["steps"]
     pretrain = os.path.join(folder, "pretrain")
     say(f"{arm.name} seed {seed}: pretraining {steps} steps")
-    _train(pretrain, [scale.model_file, arm.pretraining.run_file],
-           [*scale.model_bindings, *scale.pretrain_bindings, *arm.model_bindings,
-            *scale.bindings_of(arm.name), *arm.pretraining.bindings,
-            *_teacher_bindings(arm, out, seed, folder, say),
-            seed_binding, *schedule(steps)],
-           say)
+    files, bindings = pretraining_gin(arm, scale)
+    _train(pretrain, files, [*bindings, *_teacher_bindings(arm, out, seed, folder, say),
+                             seed_binding, *schedule(steps)], say)
     result.update(pretrain_steps=steps, pretrain_flops=plan[arm.name]["flops"],
                   **_pretraining_figures(pretrain))
     start, start_step = _finetuning_start(arm, pretrain, steps, say)

@@ -22,6 +22,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from t5lite.runtime.partitioning import key_name
+
 Tree = Any
 STACKED_AXIS = "layers"
 """Logical name of the leading axis of scanned (stacked) layer params."""
@@ -40,14 +42,6 @@ class Optimizer(NamedTuple):
   state_axes: Callable[[Tree], Tree]
   """params (arrays or jax.ShapeDtypeStructs) -> PartitionSpecs over logical axis names, in a
   tree shaped exactly like init(params); P() for counts, hyperparameters and placeholders."""
-
-
-def key_name(key) -> str:
-  """The plain name of a pytree path entry (DictKey.key, GetAttrKey.name, SequenceKey.idx)."""
-  for attr in ("key", "name", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
 
 
 def leaf_axes(params: Tree, param_axes: Tree | None) -> list[tuple]:

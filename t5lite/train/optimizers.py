@@ -22,6 +22,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from t5lite.errors import ConfigError
+from t5lite.runtime.partitioning import key_name
 from t5lite.train.adafactor import adafactor
 from t5lite.train.optimizer_axes import Optimizer, Tree, axes_tree, is_stacked, leaf_axes
 from t5lite.train.schedules import ScheduleConfig, make_schedule
@@ -194,8 +195,7 @@ def weight_decay_mask(param_axes: Tree | None) -> Callable[[Tree], Tree]:
 
 
 def _last_name(path) -> str:
-  key = path[-1] if path else None
-  return str(getattr(key, "key", getattr(key, "name", key)))
+  return key_name(path[-1]) if path else ""
 
 
 # ------------------------------------------------------------------------------------------------

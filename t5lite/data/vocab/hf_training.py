@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from t5lite.data.vocab.hf_vocabularies import (BERT_SPECIALS, BYTE_ALPHABET, GPT2_EOS,
                                                ByteLevelBPEVocabulary, WordPieceVocabulary,
-                                               _bert_normalizer)
+                                               bert_normalizer)
 from t5lite.errors import ConfigError
 
 
@@ -41,7 +41,7 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, *, lowercase: bool = 
   tokens of the vocabulary.
   """
   texts = _texts(texts, "train_wordpiece")
-  normalizer, pre = _bert_normalizer(lowercase, strip_accents), pre_tokenizers.BertPreTokenizer()
+  normalizer, pre = bert_normalizer(lowercase, strip_accents), pre_tokenizers.BertPreTokenizer()
   continuations = sorted({c for text in texts
                           for word, _ in pre.pre_tokenize_str(normalizer.normalize_str(text))
                           for c in word[1:]})

@@ -46,7 +46,7 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -147,7 +147,7 @@ class WordPieceVocabulary(_TokenizersVocabulary):
                         "cover: add a line [UNK] (BERT's vocab.txt has it at id 100)")
     self.lowercase, self.strip_accents = bool(lowercase), strip_accents
     tokenizer = Tokenizer(models.WordPiece(self._ids, unk_token=BERT_SPECIALS["unk"]))
-    tokenizer.normalizer = _bert_normalizer(self.lowercase, strip_accents)
+    tokenizer.normalizer = bert_normalizer(self.lowercase, strip_accents)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
     roles = {role: t for role, t in BERT_SPECIALS.items() if t in self._ids}
@@ -302,7 +302,7 @@ def _saved_file(directory: pathlib.Path, config: dict, key: str, default: str) -
   return path
 
 
-def _bert_normalizer(lowercase: bool, strip_accents: bool | None):
+def bert_normalizer(lowercase: bool, strip_accents: bool | None):
   # strip_accents None follows lowercase, as in BERT's BasicTokenizer.
   return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                     strip_accents=strip_accents, lowercase=lowercase)
