@@ -117,16 +117,22 @@ def fused_wiring_on_cpu(monkeypatch):
 
 @pytest.fixture
 def pallas_interpreted_on_cpu(monkeypatch):
-  """On CPU: the Pallas kernel's branch taken, run by Pallas's TPU interpreter; yields the
-  list of (queries, keys) lengths each kernel call saw."""
+  """On CPU: the Pallas kernels' branch taken, run by Pallas's TPU interpreter; yields the
+  list of (kernel, queries, keys) each kernel call saw: 'segments' for t5lite's shared-bias
+  kernel (a SegmentBias), 'dense' for jax's flash kernel (any other bias)."""
   from jax.experimental.pallas import tpu as pltpu
   calls = []
 
-  def interpreted(query, key, value, bias):
-    calls.append((query.shape[1], key.shape[1]))
-    return attention_kernels.pallas_attention(query, key, value, bias)
+  def interpreted(kernel, attend):
+    def call(query, key, value, bias, *heads):
+      calls.append((kernel, query.shape[1], key.shape[1]))
+      return attend(query, key, value, bias, *heads)
+    return call
 
-  monkeypatch.setattr(attention_kernels, "platform_attention", interpreted)
+  monkeypatch.setattr(attention_kernels, "platform_attention",
+                      interpreted("dense", attention_kernels.pallas_attention))
+  monkeypatch.setattr(attention_kernels, "platform_segment_attention",
+                      interpreted("segments", attention_kernels.segment_attention))
   with pltpu.force_tpu_interpret_mode():  # the whole test: gradients are traced after the call
     yield calls
 
@@ -172,48 +178,68 @@ def test_fused_path_equals_the_xla_path_forward_and_gradients(name, fused_wiring
     assert diff < 1e-4, (path, diff)
 
 
-# The kernel receives every pattern as one bias (the padding test below draws arbitrary
-# ones), so it runs here for a relative-bias encoder-decoder, a rotary grouped-head decoder and
-# a BERT with learned positions; the interpreter makes each 8-20 s on 2 cores.
+# Same-segment and causal masks (with T5's table or none) reach t5lite's shared-bias kernel:
+# a relative-bias encoder-decoder (bidirectional, causal and cross-attention) and a rotary
+# grouped-head decoder; a prefix LM's mask reaches jax's kernel as one dense bias (the padding
+# test below draws arbitrary ones). The interpreter makes each 8-20 s on 2 cores.
+PALLAS_KERNELS = {"t5_relative_bias": {"segments"}, "llama_rope_gqa": {"segments"},
+                  "prefix_lm": {"dense"}}
+
+
 @pytest.mark.skipif(ON_GPU, reason="the TPU interpreter on CPU")
-@pytest.mark.parametrize("name", [*FAST, pytest.param("bert_learned", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", [*FAST, pytest.param("prefix_lm", marks=pytest.mark.slow)])
 def test_pallas_kernel_equals_the_xla_path_forward_and_gradients(name,
                                                                   pallas_interpreted_on_cpu):
   out_diff, grads = _compare(name, "float32", implementation="pallas")
-  assert pallas_interpreted_on_cpu, "the kernel was never called"
+  assert {call[0] for call in pallas_interpreted_on_cpu} == PALLAS_KERNELS[name]
   assert out_diff < 1e-5
   for path, diff in grads:
     assert diff < 1e-4, (path, diff)
 
 
-def test_pallas_kernel_runs_per_shard_under_a_mesh(monkeypatch):
-  """8 devices as data 2 x tensor 4 (heads): the kernel sees one shard of batch and heads
-  (shard_map) and the model gives the one-device output. The kernel is jax's own reference
-  here (pallas's TPU interpreter blocks in callbacks across 8 CPU devices: the interpreted
-  kernel is checked on one device above)."""
+@pytest.mark.parametrize("name", ["t5_relative_bias", "prefix_lm"])
+def test_pallas_kernels_run_per_shard_under_a_mesh(name, monkeypatch):
+  """8 devices as data 2 x tensor 4 (heads): each kernel sees one shard of batch and heads
+  (shard_map), and the model's output and gradients (T5's position table: summed over the
+  batch's shards) equal the one-device run's. The kernels are references here (pallas's TPU
+  interpreter blocks in callbacks across 8 CPU devices: the interpreted kernels are checked
+  on one device above)."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+  from t5lite.models import shared_bias_kernel
+  from t5lite.models.attention import SegmentBias
   from t5lite.runtime import partitioning
   shards = []
 
-  def reference(q, k, v, ab=None, *, sm_scale, block_sizes):
-    shards.append(q.shape)
+  def dense(q, k, v, ab=None, *, sm_scale, block_sizes):  # (B, H, L, D)
+    shards.append((q.shape[0], q.shape[1], q.shape[2]))
     return tpu_flash.mha_reference(q, k, v, ab, sm_scale=sm_scale)
 
-  monkeypatch.setattr(tpu_flash, "flash_attention", reference)
+  def segments(q, k, v, query_segments, key_segments, table, *, causal, heads):  # (B, L, HD)
+    shards.append((q.shape[0], heads, q.shape[1]))
+    bias = SegmentBias(query_segments, key_segments, table, causal).dense()
+    split = lambda t: t.reshape(t.shape[:2] + (heads, -1))  # noqa: E731
+    return attention_kernels.reference_attention(split(q), split(k), split(v),
+                                                 bias).reshape(q.shape)
+
+  monkeypatch.setattr(tpu_flash, "flash_attention", dense)
+  monkeypatch.setattr(shared_bias_kernel, "attend", segments)
   monkeypatch.setattr(attention_kernels, "platform_attention", attention_kernels.pallas_attention)
-  config = VARIANTS["t5_relative_bias"].replace(attention_implementation="pallas",
-                                                **SMALLER["t5_relative_bias"])
+  monkeypatch.setattr(attention_kernels, "platform_segment_attention",
+                      attention_kernels.segment_attention)
+  config = VARIANTS[name].replace(attention_implementation="pallas", **SMALLER[name])
   params = init_params(config, 0)
   inputs = {k: np.concatenate([v, v[:1]]) for k, v in packed_inputs(config).items()}  # 4 rows
-  apply = lambda p, x: make_model(config).apply({"params": p}, **x)  # noqa: E731
-  alone = np.asarray(jax.jit(apply)(params, inputs))
-  assert shards[0] == (4, 4, 16, 8)  # all rows and heads; 16 queries, head dim 8
+  alone = output_and_gradients(config, params, inputs)
+  assert shards[0] == (4, 4, 16)  # (rows, heads, queries): all rows and heads
   shards.clear()
   mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, tensor=4))
   with partitioning.activate(mesh, partitioning.logical_axis_rules()):
-    sharded = jax.jit(apply)(params, inputs)
+    sharded = output_and_gradients(config, params, inputs)
   assert shards and all(shape[:2] == (2, 1) for shape in shards), shards  # rows / 2, heads / 4
-  np.testing.assert_allclose(np.asarray(sharded), alone, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(sharded[0], alone[0], rtol=1e-5, atol=1e-5)
+  want = jax.tree_util.tree_leaves(alone[1])
+  for (path, got), expected in zip(jax.tree_util.tree_leaves_with_path(sharded[1]), want):
+    assert relative_difference(got, expected) < 1e-5, jax.tree_util.keystr(path)
 
 
 @pytest.mark.parametrize("query_length, key_length, dropout, scores, why", [
@@ -276,6 +302,21 @@ def test_decoding_with_the_fused_path_gives_the_xla_paths_tokens(name, fused_wir
   assert any(q == 6 for q, _ in fused_wiring_on_cpu), fused_wiring_on_cpu
   assert all(q % 2 == 0 for q, _ in fused_wiring_on_cpu), "odd lengths must fall back"
   np.testing.assert_array_equal(fused, decode(config.replace(attention_implementation="xla")))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the TPU interpreter on CPU")
+def test_decoding_with_the_pallas_kernels_gives_the_xla_paths_tokens(pallas_interpreted_on_cpu):
+  """T5 greedy decoding under 'pallas': the encoder's and the first step's cross-attention
+  run t5lite's kernel in the interpreter; each decoding step's single query falls back."""
+  config = VARIANTS["t5_relative_bias"].replace(**SMALLER["t5_relative_bias"])
+  params = init_params(config, 1)
+  prompts = np.random.RandomState(2).randint(3, 128, (2, 6)).astype(np.int32)
+  prompts[1, 4:] = 0
+  decode = functools.partial(decoding.generate, params=params, encoder_input_tokens=prompts,
+                             max_decode_length=4)
+  tokens = decode(config.replace(attention_implementation="pallas"))
+  assert ("segments", 6, 6) in pallas_interpreted_on_cpu, pallas_interpreted_on_cpu
+  np.testing.assert_array_equal(tokens, decode(config.replace(attention_implementation="xla")))
 
 
 def test_auto_is_xla_off_gpus_and_cudnn_is_refused_there_with_the_fix():

@@ -134,17 +134,22 @@ def test_estimated_mfu_is_model_flops_over_xla_time(v5e_report):
 
 def test_the_pallas_attention_kernel_compiles_for_tpu_per_shard(tmp_path):
   """attention_implementation='pallas' in bfloat16 lowered and compiled by libtpu for v5e:2x2
-  as data 2 x tensor 2: Mosaic takes the kernel's blocks (keys padded to 128), each shard of
-  batch and heads runs it (shard_map), and the program fits."""
+  as data 2 x tensor 2: Mosaic takes t5lite's shared-bias kernel (lengths padded to 128,
+  T5's table, masks from segment ids), each shard of batch and heads runs it (shard_map),
+  the program fits, and every kernel carries its cost for XLA's step-time estimate."""
   config = _config(mesh=part.MeshConfig(data=2, fsdp=1, tensor=2))
   model = MODEL.replace(attention_implementation="pallas", dtype="bfloat16")
   report = aot_compile.compile_for_tpu(model, config, "v5e:2x2", emit_hlo=str(tmp_path),
                                        fit_only=True)
   assert report["fits"] is True
   hlo = (tmp_path / "train_step.v5e_2x2.hlo.txt").read_text()
-  # A forward, a dq and a dk/dv kernel for each of the 3 attentions (the encoder's, the
+  # A forward and a backward kernel for each of the 3 attentions (the encoder's, the
   # decoder's self- and cross-attention).
-  assert hlo.count('custom_call_target="tpu_custom_call"') == 3 * 3
+  assert hlo.count('custom_call_target="tpu_custom_call"') == 3 * 2
+  # The encoder's forward kernel on one shard: 4 rows x 2 heads x 128 x 128 scores, two
+  # matmuls with the head dim 64 counted as the matrix unit's 128.
+  assert f'"flops":"{2 * 2 * 4 * 2 * 128 * 128 * 128}"' in hlo
+  assert hlo.count('"cost_estimate"') == 3 * 2
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:

@@ -7,6 +7,7 @@ one additive bias. Packing is expressed with segment ids: 1-based per example, 0
 from __future__ import annotations
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -14,7 +15,7 @@ from t5lite.models import adapters, attention_kernels
 from t5lite.models.attention_kernels import MASK_VALUE
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import dense
-from t5lite.models.positions import apply_rope
+from t5lite.models.positions import add_position_bias, apply_rope
 
 
 def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
@@ -95,6 +96,37 @@ def mask_to_bias(mask: jax.Array) -> jax.Array:
   return jnp.where(mask, 0.0, MASK_VALUE).astype(jnp.float32)[:, None]
 
 
+@flax.struct.dataclass
+class SegmentBias:
+  """An attention bias kept in its parts: a same-segment (optionally causal) mask from segment
+  ids, plus an optional position table shared by the batch. The 'pallas' implementation
+  hands the parts to a kernel that builds the mask on chip and keeps the table's gradient
+  one (H, Q, K) sum (attention_kernels.segment_attention); every other path reads `dense()`,
+  the same (B, 1|H, Q, K) bias the stacks build for it."""
+  query_segments: jax.Array  # (B, Q) int, 0 = padding
+  key_segments: jax.Array  # (B, K)
+  table: jax.Array | None = None  # (1, H, Q, K) float32
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def dense(self) -> jax.Array:
+    mask = segment_mask(self.query_segments, self.key_segments)
+    if self.causal:
+      mask = mask & causal_mask(mask.shape[-1])
+    bias = mask_to_bias(mask)
+    return bias if self.table is None else add_position_bias(bias, self.table)
+
+
+def with_position_bias(bias, table: jax.Array):
+  """bias (B, 1, Q, K) or a SegmentBias, with the shared position table (1, H, Q, K) added."""
+  if isinstance(bias, SegmentBias):
+    return bias.replace(table=table)
+  return add_position_bias(bias, table)
+
+
+def dense_bias(bias) -> jax.Array:
+  return bias.dense() if isinstance(bias, SegmentBias) else bias
+
+
 INTERMEDIATES = "intermediates"
 """The variable collection that holds what a model sows for distillation (hidden states,
 attention scores); apply(..., mutable=[INTERMEDIATES]) fills it, otherwise sowing is free."""
@@ -121,10 +153,12 @@ class MultiHeadAttention(nn.Module):
   """Slots of a 'self' cache: the longest sequence (prompt + output) one decode can reach."""
 
   @nn.compact
-  def __call__(self, x_q: jax.Array, x_kv: jax.Array, bias: jax.Array,
+  def __call__(self, x_q: jax.Array, x_kv: jax.Array, bias: jax.Array | SegmentBias,
                q_positions: jax.Array | None = None,
                kv_positions: jax.Array | None = None) -> jax.Array:
     cfg = self.config
+    if self.cache or adapters.prefix_slots(cfg):  # decoding and prefix tuning edit the bias
+      bias = dense_bias(bias)
     d, h, k, kvh = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.kv_heads
     heads_axes = ("embed", "heads", "kv")
     # Grouped key/value heads are few (often fewer than the tensor axis): their own logical
@@ -145,6 +179,11 @@ class MultiHeadAttention(nn.Module):
       shift = adapters.prefix_slots(cfg)  # prefix tuning: tokens sit after the prefix
       query = apply_rope(query, q_positions + shift, cfg.rope_theta)
       key = apply_rope(key, kv_positions + shift, cfg.rope_theta)
+    out_projection = dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, "out")
+    if (isinstance(bias, SegmentBias) and self._kernel(query, key) == "pallas"
+        and not attention_kernels.segment_refusal(query, key)):
+      out = self._segment_attention(query, key, value, bias)  # (B, Q, H x K)
+      return out_projection(out.reshape(out.shape[:2] + (h, k)))
     constrain = lambda t, heads="heads": nn.with_logical_constraint(
         t, ("batch", "length", heads, "kv"))
     kv_heads = "heads" if kvh == h else "kv_heads"
@@ -163,15 +202,25 @@ class MultiHeadAttention(nn.Module):
       query, bias = fold_rows_into_queries(query, bias, fold)
     kernel = self._kernel(query, key)
     if kernel == "cudnn":
-      out = constrain(attention_kernels.fused_attention(query, key, value, bias))
+      out = constrain(attention_kernels.fused_attention(query, key, value, dense_bias(bias)))
     elif kernel == "pallas":
-      out = constrain(attention_kernels.platform_attention(query, key, value, bias))
+      out = constrain(attention_kernels.platform_attention(query, key, value, dense_bias(bias)))
     else:
-      out = constrain(self._xla_attention(query, key, value, bias))  # (B, Q, H, K)
+      out = constrain(self._xla_attention(query, key, value, dense_bias(bias)))  # (B, Q, H, K)
     if fold > 1:
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    return dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5,
-                 "out")(out)  # (B, Q, D)
+    return out_projection(out)  # (B, Q, D)
+
+  def _segment_attention(self, query, key, value, bias):
+    """t5lite's shared-bias kernel on the heads side by side, (B, L, H x K): the layout the
+    projections' 2-D matmuls write and the out projection reads, so neither the (B, L, H, K)
+    arrays (whose 64-wide minor dim a TPU pads to 128 lanes) nor a transpose is made."""
+    heads = query.shape[2]
+    flat = lambda t: nn.with_logical_constraint(  # noqa: E731
+        t.reshape(t.shape[:2] + (-1,)), ("batch", "length", "heads"))
+    key, value = (attention_kernels.every_head(t, heads) for t in (key, value))
+    return flat(attention_kernels.platform_segment_attention(
+        flat(query), flat(key), flat(value), bias, heads))
 
   def _kernel(self, query, key) -> str:
     """'cudnn', 'pallas' or 'xla': the kernel of this call (attention_kernels says when)."""

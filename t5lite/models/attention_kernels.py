@@ -14,15 +14,18 @@ model by ModelConfig.attention_implementation:
            decoding step's single query, prefix tuning's extra keys), attention dropout while
            training (jax.nn.dot_product_attention has none), a head dim cuDNN does not take,
            and distillation reading the pre-softmax scores.
-  'pallas' Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu:
-           blocks of 128, the softmax accumulated in float32 on chip). The program takes
-           it where it runs on a TPU (jax.lax.platform_dependent: also a TPU program that
-           `t5lite compile` builds on a CPU host) and XLA's path elsewhere. The bias goes in
-           as one float32 (B, H, Q, K) array and its gradient comes back as one, so T5's
-           relative bias trains; lengths are padded to the kernel's blocks; under a mesh the
-           kernel runs per shard of batch and heads (shard_map), as the logical axis rules
-           place them. Refused per call like cuDNN: dropout, the scores read, and a single
-           query (a decoding step).
+  'pallas' Pallas kernels for TPU. The program takes them where it runs on a TPU
+           (jax.lax.platform_dependent: also a TPU program that `t5lite compile` builds on
+           a CPU host) and XLA's path elsewhere; under a mesh they run per shard of batch
+           and heads (shard_map), as the logical axis rules place them. A same-segment,
+           optionally causal mask with T5's shared position table or none (every family's
+           training pattern: the stacks pass it as an attention.SegmentBias) goes to
+           t5lite's own kernel (shared_bias_kernel: masks built on chip, the table read once
+           per head, its gradient summed over the batch in the kernel), for lengths up to
+           512 x 512; any other bias (prefix LM, prompt tuning, longer rows) to jax's flash
+           kernel (jax.experimental.pallas.ops.tpu: blocks of 128, the bias as one float32
+           (B, H, Q, K) array and its gradient returned whole). Refused per call like cuDNN:
+           dropout, the scores read, and a single query (a decoding step).
   'auto'   'cudnn' where it can run (a CUDA GPU, 16-bit compute), else 'xla': CPU, float32,
            and, until the Pallas kernel is measured on TPU hardware, TPU too.
 
@@ -34,16 +37,17 @@ takes XLA's path.
 """
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
+from t5lite.models import shared_bias_kernel
+from t5lite.models.shared_bias_kernel import MASK_VALUE
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# The additive bias of a masked pair: large enough to zero a softmax weight, small enough to
-# stay finite in float32 sums.
-MASK_VALUE = -1e10
 
 
 def _cuda_capability() -> tuple[int, int] | None:
@@ -185,14 +189,62 @@ def pallas_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   def attend(q, k, v, ab):
     return tpu_flash.flash_attention(q, k, v, ab=ab, sm_scale=1.0, block_sizes=blocks)
 
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    spec = nn.logical_to_mesh_axes(("batch", "heads", None, None))  # lengths and dims whole
-    attend = jax.shard_map(attend, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)
+  attend = _per_shard(attend, [HEADS_FIRST] * 4)
   return jnp.swapaxes(attend(q, k, v, ab), 1, 2)[:, :length]
+
+
+HEADS_FIRST = ("batch", "heads", None, None)  # (B, H, L, D): lengths and dims whole
+
+
+def _per_shard(attend, logical_axes):
+  """`attend` per shard of batch and heads under an active mesh (partitioning.activate), as
+  the logical axis rules place them; itself without one. Its output is laid out as its
+  first input."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return attend
+  specs = tuple(nn.logical_to_mesh_axes(axes) for axes in logical_axes)
+  return jax.shard_map(attend, in_specs=specs, out_specs=specs[0], check_vma=False)
 
 
 def platform_attention(query, key, value, bias):
   """The Pallas kernel in a program that runs on a TPU, `reference_attention` elsewhere."""
   return jax.lax.platform_dependent(query, key, value, bias, tpu=pallas_attention,
                                     default=reference_attention)
+
+
+def segment_refusal(query: jax.Array, key: jax.Array) -> str | None:
+  """Why the shared-bias kernel does not take these lengths (None: it does)."""
+  return shared_bias_kernel.segment_refusal(query.shape[1], key.shape[1])
+
+
+def segment_attention(query, key, value, bias, heads: int):
+  """t5lite's own Pallas TPU kernel (shared_bias_kernel) for a SegmentBias: the mask from
+  its segment ids on chip, its position table read once per head and its gradient summed
+  over the batch in the kernel. query (B, Q, H x D), key and value (B, K, H x D): heads side
+  by side -> (B, Q, H x D)."""
+  has_table = bias.table is not None
+
+  def attend(q, k, v, query_segments, key_segments, *table):
+    return shared_bias_kernel.attend(q, k, v, query_segments, key_segments,
+                                     table[0] if table else None, causal=bias.causal,
+                                     heads=q.shape[-1] // (query.shape[-1] // heads))
+
+  rows = ("batch", None, "heads")  # (B, L, H x D): a shard holds whole heads
+  axes = [rows] * 3 + [("batch", None)] * 2 + [(None, "heads", None, None)] * has_table
+  table = (bias.table,) if has_table else ()
+  return _per_shard(attend, axes)(query, key, value, bias.query_segments, bias.key_segments,
+                                  *table)
+
+
+def platform_segment_attention(query, key, value, bias, heads: int):
+  """`segment_attention` in a program that runs on a TPU; elsewhere XLA's path on the dense
+  bias. query (B, Q, H x D), key and value (B, K, H x D) -> (B, Q, H x D)."""
+  def reference(q, k, v, bias):
+    split = lambda t: t.reshape(t.shape[:2] + (heads, -1))  # noqa: E731
+    out = reference_attention(split(q), split(k), split(v), bias.dense())
+    return out.reshape(out.shape[:2] + (-1,))
+
+  return jax.lax.platform_dependent(
+      query, key, value, bias, tpu=functools.partial(segment_attention, heads=heads),
+      default=reference)

@@ -17,13 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import adapters
-from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, cache_mask, causal_mask,
-                                     mask_to_bias, prefix_lm_mask, segment_mask, with_prompt)
+from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, SegmentBias, cache_mask,
+                                     causal_mask, mask_to_bias, prefix_lm_mask, segment_mask,
+                                     with_position_bias, with_prompt)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.moe.layer import RoutedMlp
 from t5lite.models.positions import (LearnedPositionEmbedding, RelativePositionBias,
-                                     add_position_bias, interleaved_sinusoidal_embedding,
+                                     interleaved_sinusoidal_embedding,
                                      sinusoidal_embedding)
 
 CROSS_ATTENTION = "encoder_decoder_attention"
@@ -217,6 +218,15 @@ class _Stack(nn.Module):
     return nn.Dropout(self.config.dropout_rate)(x, deterministic=self.deterministic)
 
 
+def segment_bias(cfg: ModelConfig, query_segments: jax.Array, key_segments: jax.Array, *,
+                 causal: bool):
+  """The bias of a same-segment (and causal) mask: kept in parts (SegmentBias) for the
+  'pallas' implementation's kernel, which builds the mask on chip; the dense (B, 1, Q, K)
+  bias otherwise, so the other paths run exactly as they always have."""
+  bias = SegmentBias(query_segments, key_segments, causal=causal)
+  return bias if cfg.attention_implementation == "pallas" else bias.dense()
+
+
 class Encoder(_Stack):
   """tokens, segment ids, positions (B, L) -> normed hidden states (B, L, D); under prompt
   tuning (B, n + L, D), the soft prompt's states first."""
@@ -228,14 +238,15 @@ class Encoder(_Stack):
     # Prompt tuning: n soft tokens first (positions shift), which every token sees and which
     # see every real token; the states keep them (B, n + L, D) for the caller to read.
     x, positions = self.embed(tokens, positions + n, token_type_ids, prompt=n > 0)
-    mask = segment_mask(segment_ids, segment_ids)  # (B, L, L)
     if n:
-      mask = with_prompt(mask, segment_ids > 0, n, causal=False)
-    bias = mask_to_bias(mask)  # (B, 1, L', L')
+      mask = with_prompt(segment_mask(segment_ids, segment_ids), segment_ids > 0, n, causal=False)
+      bias = mask_to_bias(mask)  # (B, 1, L', L')
+    else:
+      bias = segment_bias(cfg, segment_ids, segment_ids, causal=False)
     if cfg.position_encoding == "relative_bias":
       length = x.shape[1]
-      bias = add_position_bias(bias, RelativePositionBias(cfg, bidirectional=True,
-                                                          name="relpos_bias")(length, length))
+      bias = with_position_bias(bias, RelativePositionBias(cfg, bidirectional=True,
+                                                           name="relpos_bias")(length, length))
     x = run_layers(EncoderLayer, cfg, self.deterministic, cfg.num_encoder_layers, x, bias, positions)
     return self.finish(x, "encoder_norm")
 
@@ -264,6 +275,9 @@ class Decoder(_Stack):
         causal_attention = jnp.pad(causal_attention, ((0, 0), (n, 0)))
       self_bias = mask_to_bias(cache_mask(positions, self.cache_length, causal_attention))
       key_length, query_offset = self.cache_length, positions[:, 0]  # (B, 1, L, T), (B,)
+    elif causal_attention is None and not prepend:
+      self_bias = segment_bias(cfg, segment_ids, segment_ids, causal=True)
+      key_length, query_offset = length, 0
     else:
       mask = (causal_mask(tokens.shape[1]) if causal_attention is None
               else prefix_lm_mask(causal_attention))
@@ -273,7 +287,7 @@ class Decoder(_Stack):
       self_bias = mask_to_bias(mask)  # (B, 1, L, L)
       key_length, query_offset = length, 0
     if cfg.position_encoding == "relative_bias":
-      self_bias = add_position_bias(self_bias, RelativePositionBias(
+      self_bias = with_position_bias(self_bias, RelativePositionBias(
           cfg, bidirectional=False, name="relpos_bias")(length, key_length, query_offset))
     layers = dict(cache_length=self.cache_length)
     if encoded is None:
@@ -281,7 +295,7 @@ class Decoder(_Stack):
                      self_bias, positions, **layers)
     else:
       encoder_segment_ids = adapters.prompted_segments(encoder_segment_ids, encoded.shape[1])
-      cross_bias = mask_to_bias(segment_mask(segment_ids, encoder_segment_ids))  # (B, 1, L, S)
+      cross_bias = segment_bias(cfg, segment_ids, encoder_segment_ids, causal=False)
       x = run_layers(DecoderLayer, cfg, self.deterministic, cfg.num_decoder_layers, x,
                      self_bias, positions, encoded, cross_bias, **layers)
     x = self.finish(x, "decoder_norm")
