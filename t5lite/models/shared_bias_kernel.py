@@ -2,8 +2,9 @@
 (1, H, Q, K), with the padding, packed-segment and causal masks computed inside the kernel
 from segment ids instead of read from memory.
 
-    out = segment_attention(query, key, value, query_segments, key_segments,
-                            causal=True, table=table)
+    out = attend(q, k, v, query_segments, key_segments, table, causal=True, heads=32)
+
+(q, k, v: (B, L, heads x head dim), the heads side by side as the projections write them.)
 
 Why a kernel of our own: jax's TPU flash attention (jax.experimental.pallas.ops.tpu) takes
 a bias only as a whole (B, H, Q, K) float32 array and returns its gradient that size, so a
@@ -11,10 +12,11 @@ T5 step with it still reads and writes score-sized tensors in every layer (537 M
 per T5 1.1 xl layer at 16 rows per chip), the traffic a fused kernel exists to remove; and
 splash attention takes masks but no bias. Here:
 
-  - the grid is (heads, batch) with the batch innermost, and each step holds one head of one
-    row with its whole query and key lengths in VMEM (no online softmax: T5's lengths fit).
-    The table's block index does not change along the batch, so Pallas fetches each head's
-    (Q, K) table once, not once per row;
+  - the grid is (head blocks, batch) with the batch innermost, and each step holds the heads
+    of one 128-lane block (two of T5's 64-wide heads) of one row with their whole query and
+    key lengths in VMEM (no online softmax: T5's lengths fit). The table's block index does
+    not change along the batch, so Pallas fetches each head's (Q, K) table once, not once
+    per row;
   - the backward kernel recomputes the softmax (no residual beyond the inputs) and
     accumulates the table's gradient over the batch in its output block, written once per
     head: H x Q x K x 4 bytes, not B times that;
@@ -41,8 +43,9 @@ import jax.numpy as jnp
 MASK_VALUE = -1e10
 LANES = 128
 # One (Q, K) float32 score block is 1 MiB here; the backward kernel holds about eight such
-# buffers (scores, probabilities, their gradients, the table double-buffered, its gradient),
-# well inside every TPU generation's VMEM with the limit below.
+# buffers a head (scores, probabilities, their gradients, the table double-buffered, its
+# gradient), about 16 MiB for a block of two heads: inside the limit below, which every TPU
+# generation's VMEM holds.
 MAX_SCORES = 512 * 512
 VMEM_LIMIT = 48 * 1024 * 1024
 
