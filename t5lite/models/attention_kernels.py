@@ -27,7 +27,7 @@ model by ModelConfig.attention_implementation:
            (B, H, Q, K) array and its gradient returned whole). Refused per call like cuDNN:
            dropout, the scores read, and a single query (a decoding step).
   'auto'   'cudnn' where it can run (a CUDA GPU, 16-bit compute), else 'xla': CPU, float32,
-           and, until the Pallas kernel is measured on TPU hardware, TPU too.
+           and, until the Pallas kernels are measured on TPU hardware, TPU too.
 
 Numbers: both kernels accumulate the softmax in float32, as the XLA path does; cuDNN rounds
 the bias to the compute dtype (Pallas keeps it in float32), so its outputs and gradients agree
