@@ -205,7 +205,7 @@ def test_pallas_kernels_run_per_shard_under_a_mesh(name, monkeypatch):
   interpreter blocks in callbacks across 8 CPU devices: the interpreted kernels are checked
   on one device above)."""
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
-  from t5lite.models import shared_bias_kernel
+  from t5lite.models.kernels import shared_bias
   from t5lite.models.attention import SegmentBias
   from t5lite.runtime import partitioning
   shards = []
@@ -222,7 +222,7 @@ def test_pallas_kernels_run_per_shard_under_a_mesh(name, monkeypatch):
                                                  bias).reshape(q.shape)
 
   monkeypatch.setattr(tpu_flash, "flash_attention", dense)
-  monkeypatch.setattr(shared_bias_kernel, "attend", segments)
+  monkeypatch.setattr(shared_bias, "attend", segments)
   monkeypatch.setattr(attention_kernels, "platform_attention", attention_kernels.pallas_attention)
   monkeypatch.setattr(attention_kernels, "platform_segment_attention",
                       attention_kernels.segment_attention)

@@ -1,5 +1,5 @@
 """t5lite's Pallas TPU kernel for attention with a bias shared by the batch
-(t5lite.models.shared_bias_kernel), run by Pallas's TPU interpreter on CPU: forward and the
+(t5lite.models.kernels.shared_bias), run by Pallas's TPU interpreter on CPU: forward and the
 gradients of query, key, value and the position table against XLA's path on the dense bias
 the stacks build (attention.SegmentBias.dense), on odd lengths on and off the kernel's
 128-blocks, packed rows, padding-only rows, causal and bidirectional, with and without a
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite.models import attention_kernels, shared_bias_kernel
+from t5lite.models import attention_kernels
+from t5lite.models.kernels import shared_bias
 from t5lite.models.attention import SegmentBias
 
 pytestmark = pytest.mark.skipif(jax.default_backend() == "gpu", reason="the TPU interpreter")
@@ -106,7 +107,7 @@ def test_the_cost_counts_the_matrix_units_tiles_and_the_table_once_per_head():
   """What XLA's step-time estimate charges one call: flops with the head dim rounded up to
   the 128-wide tiles, one exponential per score, and bytes with the (H, Q, K) table once
   (read forward; read and its gradient written backward), not once per row."""
-  cost = lambda backward: shared_bias_kernel._cost(  # noqa: E731
+  cost = lambda backward: shared_bias._cost(  # noqa: E731
       (16, 32, 64), 512, 512, 2, has_table=True, backward=backward)
   forward, backward = cost(False), cost(True)
   scores = 16 * 32 * 512 * 512
@@ -121,4 +122,4 @@ def test_the_cost_counts_the_matrix_units_tiles_and_the_table_once_per_head():
 @pytest.mark.parametrize("heads, dim, per_block", [(32, 64, 2), (4, 128, 1), (8, 256, 1),
                                                    (3, 64, 3), (4, 8, 4), (12, 96, 12)])
 def test_a_grid_step_takes_whole_128_lane_blocks_of_heads(heads, dim, per_block):
-  assert shared_bias_kernel.heads_per_block(heads, dim) == per_block
+  assert shared_bias.heads_per_block(heads, dim) == per_block

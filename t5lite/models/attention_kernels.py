@@ -20,7 +20,7 @@ model by ModelConfig.attention_implementation:
            and heads (shard_map), as the logical axis rules place them. A same-segment,
            optionally causal mask with T5's shared position table or none (every family's
            training pattern: the stacks pass it as an attention.SegmentBias) goes to
-           t5lite's own kernel (shared_bias_kernel: masks built on chip, the table read once
+           t5lite's own kernel (kernels/shared_bias.py: masks built on chip, the table read once
            per head, its gradient summed over the batch in the kernel), for lengths up to
            512 x 512; any other bias (prefix LM, prompt tuning, longer rows) to jax's flash
            kernel (jax.experimental.pallas.ops.tpu: blocks of 128, the bias as one float32
@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
-from t5lite.models import shared_bias_kernel
-from t5lite.models.shared_bias_kernel import MASK_VALUE
+from t5lite.models.kernels import shared_bias
+from t5lite.models.kernels.shared_bias import MASK_VALUE
 
 FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -215,20 +215,20 @@ def platform_attention(query, key, value, bias):
 
 def segment_refusal(query: jax.Array, key: jax.Array) -> str | None:
   """Why the shared-bias kernel does not take these lengths (None: it does)."""
-  return shared_bias_kernel.segment_refusal(query.shape[1], key.shape[1])
+  return shared_bias.segment_refusal(query.shape[1], key.shape[1])
 
 
 def segment_attention(query, key, value, bias, heads: int):
-  """t5lite's own Pallas TPU kernel (shared_bias_kernel) for a SegmentBias: the mask from
+  """t5lite's own Pallas TPU kernel (kernels/shared_bias.py) for a SegmentBias: the mask from
   its segment ids on chip, its position table read once per head and its gradient summed
   over the batch in the kernel. query (B, Q, H x D), key and value (B, K, H x D): heads side
   by side -> (B, Q, H x D)."""
   has_table = bias.table is not None
 
   def attend(q, k, v, query_segments, key_segments, *table):
-    return shared_bias_kernel.attend(q, k, v, query_segments, key_segments,
-                                     table[0] if table else None, causal=bias.causal,
-                                     heads=q.shape[-1] // (query.shape[-1] // heads))
+    return shared_bias.attend(q, k, v, query_segments, key_segments,
+                              table[0] if table else None, causal=bias.causal,
+                              heads=q.shape[-1] // (query.shape[-1] // heads))
 
   rows = ("batch", None, "heads")  # (B, L, H x D): a shard holds whole heads
   axes = [rows] * 3 + [("batch", None)] * 2 + [(None, "heads", None, None)] * has_table
