@@ -194,7 +194,8 @@ def _unrolled_value_and_grads(name):
 @pytest.mark.parametrize("remat, name", [
     ("none", "t5_v1_1"), ("none", "decoder_only_rope_swiglu"), ("none", "encoder_only_learned"),
     pytest.param("full", "t5_v1_1", marks=pytest.mark.slow),
-    pytest.param("dots", "t5_v1_1", marks=pytest.mark.slow)])
+    pytest.param("dots", "t5_v1_1", marks=pytest.mark.slow),
+    pytest.param("save_attention", "t5_v1_1", marks=pytest.mark.slow)])
 def test_scan_matches_unrolled_values_and_gradients(name, remat):
   config = _two_layers(name)
   scanned = config.replace(scan_layers=True, remat_policy=remat)
@@ -210,6 +211,31 @@ def test_scan_matches_unrolled_values_and_gradients(name, remat):
   assert len(flat) == len(scan_flat)
   for path, g in flat:
     np.testing.assert_allclose(scan_flat[path], g, rtol=2e-4, atol=1e-6, err_msg=str(path))
+
+
+@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+def test_save_attention_keeps_attentions_outputs_and_recomputes_the_mlp(kernel, capsys):
+  """What 'save_attention' saves for the backward pass, read from jax's list of residuals:
+  each attention's query, key, value, heads' output and out projection (the encoder's, the
+  decoder's self- and cross-attention of a 1 + 1-layer T5: 5 names each), the matmuls' as
+  2-D products (tokens, features); no (tokens, d_ff) activation of the MLP, recomputed."""
+  config = VARIANTS["t5_v1_1"].replace(remat_policy="save_attention", d_ff=96,
+                                       attention_implementation=kernel)
+  model = make_model(config)
+  tokens = random_tokens((2, 10))
+  inputs = inputs_for(config, tokens, targets=tokens[:, :6])
+  loss = lambda p: jnp.sum(model.apply({"params": p}, **inputs) ** 2)  # noqa: E731
+  jax.ad_checkpoint.print_saved_residuals(loss, abstract_params(config))
+  saved = capsys.readouterr().out.splitlines()
+  named = sorted(line.split("named '")[1].split("'")[0] for line in saved if "named '" in line)
+  assert named == sorted(["query", "key", "value", "attention", "out"] * 3)
+  width = config.num_heads * config.d_kv
+  for line in saved:
+    if "named '" in line and "'attention'" not in line:
+      assert f"[{2 * 10},{width}]" in line or f"[{2 * 6},{width}]" in line or (
+          f"[{2 * 6},{config.d_model}]" in line), line
+  activations = [line for line in saved if "from the argument" not in line]
+  assert not [line for line in activations if f",{config.d_ff}]" in line], activations
 
 
 def test_decoder_only_is_causal():

@@ -10,6 +10,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import adapters, attention_kernels
 from t5lite.models.attention_kernels import MASK_VALUE
@@ -130,6 +131,9 @@ def dense_bias(bias) -> jax.Array:
 INTERMEDIATES = "intermediates"
 """The variable collection that holds what a model sows for distillation (hidden states,
 attention scores); apply(..., mutable=[INTERMEDIATES]) fills it, otherwise sowing is free."""
+ATTENTION_OUTPUT = "attention"
+"""The name (jax.ad_checkpoint.checkpoint_name) of the heads' output before the out projection:
+a remat policy may save it (t5lite.models.transformer.REMAT_POLICIES)."""
 
 
 class MultiHeadAttention(nn.Module):
@@ -182,8 +186,8 @@ class MultiHeadAttention(nn.Module):
     out_projection = dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, "out")
     if (isinstance(bias, SegmentBias) and self._kernel(query, key) == "pallas"
         and not attention_kernels.segment_refusal(query, key)):
-      out = self._segment_attention(query, key, value, bias)  # (B, Q, H x K)
-      return out_projection(out.reshape(out.shape[:2] + (h, k)))
+      out = checkpoint_name(self._segment_attention(query, key, value, bias), ATTENTION_OUTPUT)
+      return out_projection(out.reshape(out.shape[:2] + (h, k)))  # out: (B, Q, H x K)
     constrain = lambda t, heads="heads": nn.with_logical_constraint(
         t, ("batch", "length", heads, "kv"))
     kv_heads = "heads" if kvh == h else "kv_heads"
@@ -209,7 +213,7 @@ class MultiHeadAttention(nn.Module):
       out = constrain(self._xla_attention(query, key, value, dense_bias(bias)))  # (B, Q, H, K)
     if fold > 1:
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    return out_projection(out)  # (B, Q, D)
+    return out_projection(checkpoint_name(out, ATTENTION_OUTPUT))  # (B, Q, D)
 
   def _segment_attention(self, query, key, value, bias):
     """t5lite's shared-bias kernel on the heads side by side, (B, L, H x K): the layout the

@@ -28,7 +28,7 @@ ACTIVATION_ALIASES = {"geglu": "gated-gelu", "gated_gelu": "gated-gelu"}
 NORMS = ("rms", "layer")
 POSITION_ENCODINGS = ("relative_bias", "sinusoidal", "sinusoidal_interleaved", "learned", "rope")
 NORM_POSITIONS = ("pre", "post")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "save_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 # The kernel of attention's core (t5lite.models.attention_kernels).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas")
@@ -139,7 +139,8 @@ class ModelConfig:
   scan_layers: bool = False
   """Run each stack as nn.scan over stacked layer params, so compile time does not grow with depth."""
   remat_policy: str = "none"
-  """Rematerialization per layer: 'none', 'full' (save nothing), 'dots', 'dots_no_batch'."""
+  """Rematerialization per layer: 'none', 'full' (save nothing), 'dots', 'dots_no_batch', or
+  'save_attention' (save attention's projections and output; recompute the norms and MLP)."""
   prefix_lm: bool = False
   """Decoder-only: positions flagged by `decoder_causal_attention` see each other bidirectionally."""
   bos_id: int = 0

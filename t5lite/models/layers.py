@@ -13,6 +13,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models.adapters import LORA_A, LORA_B, AdapterConfig, adapter_param
 from t5lite.models.config import ModelConfig
@@ -59,7 +60,10 @@ class Dense(nn.Module):
     shape = tuple(self.in_shape) + tuple(self.out_shape)
     init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), tuple(self.axes))
     kernel = self.param("kernel", init, shape, self.param_dtype)
-    y = matmul_2d(x.astype(self.dtype), kernel.astype(self.dtype), len(self.in_shape))
+    # Named for remat policies that save some projections' outputs (transformer's
+    # REMAT_POLICIES): the name is on the 2-D product, the layout a TPU saves it in cheaply.
+    y = matmul_2d(x.astype(self.dtype), kernel.astype(self.dtype), len(self.in_shape),
+                  name=self.name or "dense")
     if self.use_bias:
       out_axes = tuple(self.axes)[len(self.in_shape):]
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, out_axes),
@@ -105,7 +109,8 @@ def dense(config: ModelConfig, in_shape: Sequence[int], out_shape: Sequence[int]
                config.use_bias if use_bias is None else use_bias, config.adapter, name=name)
 
 
-def matmul_2d(x: jax.Array, kernel: jax.Array, n: int, **dot_kwargs) -> jax.Array:
+def matmul_2d(x: jax.Array, kernel: jax.Array, n: int, name: str | None = None,
+              **dot_kwargs) -> jax.Array:
   """Contracts the last n axes of x with the first n of kernel, as ONE 2-D matrix product.
 
   (B, L, D) x (D, H, K) -> (B*L, D) @ (D, H*K) -> (B, L, H, K). The same numbers as the
@@ -114,13 +119,17 @@ def matmul_2d(x: jax.Array, kernel: jax.Array, n: int, **dot_kwargs) -> jax.Arra
   Contracting (B, L) at once instead makes XLA:CPU materialize transposed copies of g, with
   the activation's backward recomputed inside the transposing loop: 2.6x slower MLP backward
   measured on the bench train config (T5 v1.1, d_model 256, 8 x 512 tokens).
-  dot_kwargs go to dot_general (e.g. preferred_element_type).
+  `name` names the 2-D product for remat policies (jax.ad_checkpoint.checkpoint_name); saved
+  as (B*L, H*K), a TPU keeps it without the relayout that (B, L, H, 64) would need. dot_kwargs
+  go to dot_general (e.g. preferred_element_type).
   """
   lead, in_shape, out_shape = x.shape[:x.ndim - n], kernel.shape[:n], kernel.shape[n:]
   matrix = (kernel.reshape(math.prod(in_shape), math.prod(out_shape)) if kernel.ndim == 2
             else _as_matrix(kernel, n, kernel.shape))
   y = jax.lax.dot_general(x.reshape(-1, math.prod(in_shape)), matrix,
                           (((1,), (0,)), ((), ())), **dot_kwargs)
+  if name is not None:
+    y = checkpoint_name(y, name)
   return y.reshape(*lead, *out_shape)
 
 

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import adapters
-from t5lite.models.attention import (INTERMEDIATES, MultiHeadAttention, SegmentBias, cache_mask,
-                                     causal_mask, mask_to_bias, prefix_lm_mask, segment_mask,
-                                     with_position_bias, with_prompt)
+from t5lite.models.attention import (ATTENTION_OUTPUT, INTERMEDIATES, MultiHeadAttention,
+                                     SegmentBias, cache_mask, causal_mask, mask_to_bias,
+                                     prefix_lm_mask, segment_mask, with_position_bias,
+                                     with_prompt)
 from t5lite.models.config import ModelConfig
 from t5lite.models.layers import BATCH_LENGTH_EMBED, Embed, Mlp, Norm, dense, matmul_2d
 from t5lite.models.moe.layer import RoutedMlp
@@ -34,6 +35,11 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "full": None,  # save nothing: recompute the whole layer in the backward pass
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # Attention's projections and the heads' output (names set in layers.Dense and
+    # attention.ATTENTION_OUTPUT): the backward pass recomputes only the norms and the MLP,
+    # whose (tokens, d_ff) activations are the largest a layer makes.
+    "save_attention": jax.checkpoint_policies.save_only_these_names(
+        "query", "key", "value", ATTENTION_OUTPUT, "out"),
 }
 
 
