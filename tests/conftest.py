@@ -44,7 +44,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # 43 s at 1, on the 2-core Zen 4 EPYC). The programs are the same; only their machine code is
 # less optimized, and every bitwise comparison compares runs made under the same level. Level
 # 0 is not used: it compiled 20% faster again, but the 8-device train step of
-# test_learning.py then deadlocked in a collective permute (7 of 8 devices arrived).
+# test_learning.py then deadlocked in a collective permute (7 of 8 devices arrived). Nor is
+# --xla_cpu_use_fusion_emitters=false (XLA's older loop emitters instead of its MLIR fusion
+# compiler): test_train_step + test_decoding + test_moe took 131 s instead of 165 s from a
+# cold cache, but the same 8-device step of test_learning.py aborted the process.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=1"
 # LLVM's expensive passes (vectorizers, aggressive unrolling) likewise buy these tiny programs
