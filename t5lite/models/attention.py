@@ -132,8 +132,10 @@ INTERMEDIATES = "intermediates"
 """The variable collection that holds what a model sows for distillation (hidden states,
 attention scores); apply(..., mutable=[INTERMEDIATES]) fills it, otherwise sowing is free."""
 ATTENTION_OUTPUT = "attention"
-"""The name (jax.ad_checkpoint.checkpoint_name) of the heads' output before the out projection:
-a remat policy may save it (t5lite.models.transformer.REMAT_POLICIES)."""
+"""The name (jax.ad_checkpoint.checkpoint_name) of the heads' output before the out projection."""
+SAVED_NAMES = ("query", "key", "value", ATTENTION_OUTPUT, "out")
+"""What remat 'save_attention' keeps (t5lite.models.transformer.REMAT_POLICIES): the heads'
+output and the projections' products, which layers.Dense names after their modules below."""
 
 
 class MultiHeadAttention(nn.Module):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import adapters
-from t5lite.models.attention import (ATTENTION_OUTPUT, INTERMEDIATES, MultiHeadAttention,
+from t5lite.models.attention import (INTERMEDIATES, SAVED_NAMES, MultiHeadAttention,
                                      SegmentBias, cache_mask, causal_mask, mask_to_bias,
                                      prefix_lm_mask, segment_mask, with_position_bias,
                                      with_prompt)
@@ -38,8 +38,7 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     # Attention's projections and the heads' output (names set in layers.Dense and
     # attention.ATTENTION_OUTPUT): the backward pass recomputes only the norms and the MLP,
     # whose (tokens, d_ff) activations are the largest a layer makes.
-    "save_attention": jax.checkpoint_policies.save_only_these_names(
-        "query", "key", "value", ATTENTION_OUTPUT, "out"),
+    "save_attention": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES),
 }
 
 
