@@ -215,7 +215,10 @@ class MultiHeadAttention(nn.Module):
       out = constrain(self._xla_attention(query, key, value, dense_bias(bias)))  # (B, Q, H, K)
     if fold > 1:
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    return out_projection(checkpoint_name(out, ATTENTION_OUTPUT))  # (B, Q, D)
+    # Named as (B, Q, H x K), as the kernel above writes it: a saved (B, Q, H, 64) array
+    # would take a TPU's padded 128-lane layout and a copy into it and back.
+    named = checkpoint_name(out.reshape(out.shape[:2] + (-1,)), ATTENTION_OUTPUT)
+    return out_projection(named.reshape(out.shape))  # (B, Q, D)
 
   def _segment_attention(self, query, key, value, bias):
     """t5lite's shared-bias kernel on the heads side by side, (B, L, H x K): the layout the
