@@ -218,7 +218,8 @@ def test_save_attention_keeps_attentions_outputs_and_recomputes_the_mlp(kernel, 
   """What 'save_attention' saves for the backward pass, read from jax's list of residuals:
   each attention's query, key, value, heads' output and out projection (the encoder's, the
   decoder's self- and cross-attention of a 1 + 1-layer T5: 5 names each), the matmuls' as
-  2-D products (tokens, features); no (tokens, d_ff) activation of the MLP, recomputed."""
+  2-D products (tokens, features) and the heads' output as (B, L, heads x d_kv), for either
+  kernel; no (tokens, d_ff) activation of the MLP, recomputed."""
   config = VARIANTS["t5_v1_1"].replace(remat_policy="save_attention", d_ff=96,
                                        attention_implementation=kernel)
   model = make_model(config)
