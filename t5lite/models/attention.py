@@ -186,10 +186,16 @@ class MultiHeadAttention(nn.Module):
       query = apply_rope(query, q_positions + shift, cfg.rope_theta)
       key = apply_rope(key, kv_positions + shift, cfg.rope_theta)
     out_projection = dense(cfg, (h, k), (d,), ("heads", "kv", "embed"), (h * k) ** -0.5, "out")
+
+    def project(heads_out):  # (B, Q, H x K) -> (B, Q, D)
+      # Named as (B, Q, H x K), the layout the kernel writes: a saved (B, Q, H, 64) array
+      # would take a TPU's padded 128-lane layout and a copy into it and back.
+      named = checkpoint_name(heads_out, ATTENTION_OUTPUT)
+      return out_projection(named.reshape(named.shape[:2] + (h, k)))
+
     if (isinstance(bias, SegmentBias) and self._kernel(query, key) == "pallas"
         and not attention_kernels.segment_refusal(query, key)):
-      out = checkpoint_name(self._segment_attention(query, key, value, bias), ATTENTION_OUTPUT)
-      return out_projection(out.reshape(out.shape[:2] + (h, k)))  # out: (B, Q, H x K)
+      return project(self._segment_attention(query, key, value, bias))
     constrain = lambda t, heads="heads": nn.with_logical_constraint(
         t, ("batch", "length", heads, "kv"))
     kv_heads = "heads" if kvh == h else "kv_heads"
@@ -215,10 +221,7 @@ class MultiHeadAttention(nn.Module):
       out = constrain(self._xla_attention(query, key, value, dense_bias(bias)))  # (B, Q, H, K)
     if fold > 1:
       out = out.reshape(out.shape[0] * fold, -1, *out.shape[2:])  # (B*fold, Q, H, K)
-    # Named as (B, Q, H x K), as the kernel above writes it: a saved (B, Q, H, 64) array
-    # would take a TPU's padded 128-lane layout and a copy into it and back.
-    named = checkpoint_name(out.reshape(out.shape[:2] + (-1,)), ATTENTION_OUTPUT)
-    return out_projection(named.reshape(out.shape))  # (B, Q, D)
+    return project(out.reshape(out.shape[:2] + (-1,)))
 
   def _segment_attention(self, query, key, value, bias):
     """t5lite's shared-bias kernel on the heads side by side, (B, L, H x K): the layout the
