@@ -23,7 +23,7 @@ tiny model at tiny sizes on any backend (XLA's attention in both arms off a GPU)
 of this command. jax is told not to preallocate device memory, so that HF's torch and jax
 share the card.
 
-  t5lite bench gpu                  # on the GPU machine; about 7 minutes on an H200
+  t5lite bench gpu                  # on the GPU machine; 5.5 to 6 minutes on an H200
   t5lite bench gpu --dry_run        # anywhere, about a minute on 2 CPU cores
 """
 from __future__ import annotations
