@@ -207,6 +207,7 @@ class Checkpointer:
       if not any(_is_environment_error(c) for c in causes):
         raise
       step, self._in_flight = self._in_flight, None
+      self._unsealed = [s for s in self._unsealed if s != step]  # never sealed by this run
       doing = doing or f"saving checkpoint step {step} in {self.directory}"
       log_path = integrity.log_details(self.model_dir,
                                        f"{doing} failed:\n{integrity.error_details(e)}")
@@ -246,12 +247,18 @@ class Checkpointer:
       raise error
 
   def _seal_local(self) -> OSError | None:
+    """Seals the steps that carry orbax's commit marker, its last write of a step (a save
+    that failed in orbax's metadata writes is reported over while its checkpointer's thread
+    may still commit it, rewriting _CHECKPOINT_METADATA); one not committed yet waits."""
     steps, self._unsealed = self._unsealed, []
     try:
-      for step in steps:
+      for step in steps if self.is_primary else []:
         step_dir = self.step_dir(step)
-        if self.is_primary and paths.isdir(step_dir) and not integrity.is_sealed(step_dir):
-          integrity.seal(step_dir)
+        if paths.isfile(paths.join(step_dir, integrity.COMMIT_MARKER)):
+          if not integrity.is_sealed(step_dir):
+            integrity.seal(step_dir)
+        elif paths.isdir(step_dir):  # not gone with retention
+          self._unsealed.append(step)
     except OSError as e:
       return e
     return None
