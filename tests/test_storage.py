@@ -16,7 +16,7 @@ from orbax.checkpoint._src.path import step as orbax_steps
 
 from t5lite.data.vocab import hf_training, vocabularies
 from t5lite.errors import ConfigError, ConfigFileNotFoundError
-from t5lite.runtime import checkpoints, lease as lease_lib
+from t5lite.runtime import checkpoints, integrity, lease as lease_lib
 from t5lite.util import paths, storage
 
 
@@ -280,6 +280,29 @@ def test_an_s3_mirror_lists_committed_steps_and_clears_cut_short_uploads(s3_serv
     local = mirror.local
     mirror.close()
     assert not os.path.exists(local)
+    storage.forget_clients()
+
+
+def test_a_bucket_step_is_sealed_only_once_orbax_has_written_its_commit_marker(gcs_server):
+  """orbax may call a save that failed in its metadata writes over while its checkpointer's
+  thread still commits the step (rewriting _CHECKPOINT_METADATA): on a bucket a step without
+  the marker, orbax's last write of a step, is not sealed until the marker is there."""
+  with gcs_server.activated():
+    storage.forget_clients()
+    run = gcs_server.url(gcs_server.new_bucket(), "run")
+    checkpointer = checkpoints.Checkpointer(run, checkpoints.CheckpointConfig(async_save=False))
+    checkpointer.save(3, {"w": np.arange(5.0)}, {"position": 3})
+    step_dir = checkpointer.step_dir(3)
+    marker = paths.join(step_dir, integrity.COMMIT_MARKER)
+    text = paths.read_text(marker)
+    paths.remove(marker)  # as between orbax's metadata update and its marker
+    checkpointer.seal_committed()
+    assert not integrity.is_sealed(step_dir)
+    with paths.open_binary(marker, "wb") as f:
+      f.write(text.encode())
+    checkpointer.seal_committed()
+    assert integrity.verify(step_dir, 3) is True
+    checkpointer.close()
     storage.forget_clients()
 
 

@@ -247,17 +247,20 @@ class Checkpointer:
       raise error
 
   def _seal_local(self) -> OSError | None:
-    """Seals the steps that carry orbax's commit marker, its last write of a step (a save
-    that failed in orbax's metadata writes is reported over while its checkpointer's thread
-    may still commit it, rewriting _CHECKPOINT_METADATA); one not committed yet waits."""
+    """Seals this run's committed steps: on a disk the folders renamed into place; on a
+    bucket those with orbax's commit marker, its last write (orbax may call a save that
+    failed in its metadata writes over while its checkpointer's thread still commits the
+    step, rewriting _CHECKPOINT_METADATA): one with files but no marker yet waits."""
     steps, self._unsealed = self._unsealed, []
+    on_bucket = paths.is_url(self._orbax_dir)
     try:
       for step in steps if self.is_primary else []:
         step_dir = self.step_dir(step)
-        if paths.isfile(paths.join(step_dir, integrity.COMMIT_MARKER)):
+        if paths.isfile(paths.join(step_dir, integrity.COMMIT_MARKER)) if on_bucket else (
+            paths.isdir(step_dir)):
           if not integrity.is_sealed(step_dir):
             integrity.seal(step_dir)
-        elif paths.isdir(step_dir):  # not gone with retention
+        elif on_bucket and paths.isdir(step_dir):  # not gone with retention
           self._unsealed.append(step)
     except OSError as e:
       return e
