@@ -12,9 +12,10 @@ target tokens), AdamW, random batches, in phases:
   parity    the first 3 training losses of the cuDNN arm in bfloat16 on the GPU against the
             same 3 steps in float32 with XLA's attention on the host's CPU: within bfloat16's
             tolerance (relative 2e-2). Layers scanned on both sides (a quick CPU compile).
-  largest   the cuDNN arm alone at the largest batch (a multiple of 8, at most 256) that the
-            train phase's device peak predicts fits in 80% of the device's memory (the fixed
-            cost: params, gradients and AdamW's two moments in float32): what a user runs.
+  largest   the cuDNN arm alone at the largest batch (a multiple of 8, at most 512) that the
+            train phase's device peak predicts fits in 80% of what jax may allocate on the
+            device (its bytes_limit; the fixed cost: params, gradients and AdamW's two moments
+            in float32): what a user runs.
 
 Each phase's table goes to the console; one JSON line ends the run (the card in
 `device_kind`); a phase that fails is reported in `errors` and the others still run. Off a
@@ -57,7 +58,7 @@ class Sizes:
     self.lengths = (32, 8) if dry_run else (512, 114)
     self.batch_size, self.repeats = (2, 1) if dry_run else (batch_size, repeats)
     self.steps = 2 if dry_run else 5
-    self.largest_cap = 8 if dry_run else 256
+    self.largest_cap = 8 if dry_run else 512
     self.decode_rows, self.new_tokens = (2, 4) if dry_run else (64, 114)
     self.parity_rows = 2
 
