@@ -21,15 +21,14 @@ the commit marker last (t5lite/runtime/checkpoint_mirror.py; one process only).
 Integrity (t5lite/runtime/integrity.py): once committed, each step is sealed with the CRC32C
 of every file in it, and every restore (resume here; eval, infer, export and
 INITIAL_CHECKPOINT_PATH through checkpoint_reader.restore_params) verifies them, then checks
-that the arrays are finite. A damaged
-step is named with the file that fails. Resuming, with `on_corrupt='fallback'` the damaged
-step is moved aside to checkpoints/<step>.corrupt-N and the next older one is tried, so the
-run retrains the lost steps and saves them in its place; with 'stop' the run stops and
-nothing is moved. With several processes, process 0 checks the files, every process reads
-its own shards, and all of them agree on each step tried, so they fall back or stop
-together (restore_latest). Restoring onto another mesh: pass abstract arrays
-(jax.ShapeDtypeStruct) that carry the target shardings; orbax reads each shard where it now
-belongs.
+that the arrays are finite. A damaged step is named with the file that fails. Resuming, with
+`on_corrupt='fallback'` the damaged step is moved aside to checkpoints/<step>.corrupt-N and
+the next older one is tried, so the run retrains the lost steps and saves them in its place;
+with 'stop' the run stops and nothing is moved. With several processes, process 0 checks
+the files, every process reads its own shards, and all of them agree on each step tried, so
+they fall back or stop together (restore_latest). Restoring onto another mesh: pass abstract
+arrays (jax.ShapeDtypeStruct) that carry the target shardings; orbax reads each shard where it
+now belongs.
 """
 from __future__ import annotations
 
@@ -235,8 +234,7 @@ class Checkpointer:
           + (f" (details in {log_path})" if log_path else "")) from e
 
   def _seal_committed(self) -> None:
-    """Seals the steps this run saved that orbax has committed since (process 0 writes;
-    a step that retention already removed is skipped). A seal that failed (a full disk)
+    """Seals what orbax has committed since (_seal_local). A seal that failed (a full disk)
     stops every process here, together: wait() is called by all of them alike."""
     error, self._seal_error = self._seal_error or self._seal_local(), None
     if error is None:
@@ -247,10 +245,11 @@ class Checkpointer:
       raise error
 
   def _seal_local(self) -> OSError | None:
-    """Seals this run's committed steps: on a disk the folders renamed into place; on a
-    bucket those with orbax's commit marker, its last write (orbax may call a save that
-    failed in its metadata writes over while its checkpointer's thread still commits the
-    step, rewriting _CHECKPOINT_METADATA): one with files but no marker yet waits."""
+    """Seals, on process 0, the steps this run saved that orbax has committed: on a disk the
+    folders renamed into place; on a bucket those with orbax's commit marker, its last write
+    (orbax may call a save that failed in its metadata writes over while its checkpointer's
+    thread still commits the step, rewriting _CHECKPOINT_METADATA): one with files but no
+    marker yet waits; one that retention removed is skipped."""
     steps, self._unsealed = self._unsealed, []
     on_bucket = paths.is_url(self._orbax_dir)
     try:
