@@ -114,10 +114,12 @@ class Family(abc.ABC):
 
   def init_params(self, rng: jax.Array | int = 0) -> Tree:
     """Randomly initialized params (plain arrays). Under jit with out_shardings they are born
-    sharded: the threefry RNG gives the same numbers however the computation is split."""
+    sharded: the threefry RNG gives the same numbers however the computation is split.
+    Called outside jit it is one compiled program (op by op, each parameter's draw would
+    compile on its own)."""
     if isinstance(rng, int):
       rng = jax.random.key(rng)
-    return nn.unbox(self._boxed_params(rng))
+    return nn.unbox(_jitted_boxed(self, rng))
 
   def abstract_params(self) -> Tree:
     """Params as jax.ShapeDtypeStructs: nothing allocated or computed."""
@@ -297,6 +299,20 @@ def _abstract_boxed(family: Family) -> Tree:
     boxed = jax.eval_shape(family._boxed_params, jax.random.key(0))
   return jax.tree.map(lambda leaf: leaf, boxed,
                       is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def _jitted_boxed(family: Family, rng: jax.Array) -> Tree:
+  """family._boxed_params(rng) as one program (inlined when called under jit)."""
+  try:
+    hash(family)
+  except TypeError:  # an unhashable field (a family built outside the registry): no cache
+    return jax.jit(family._boxed_params)(rng)
+  return _boxed_by_family(family, rng)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _boxed_by_family(family: Family, rng: jax.Array) -> Tree:
+  return family._boxed_params(rng)
 
 
 @functools.lru_cache(maxsize=64)
