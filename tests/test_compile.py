@@ -19,6 +19,7 @@ from helpers import tiny
 from t5lite import cli
 from t5lite.families import family_of
 from t5lite.runtime import partitioning as part
+from t5lite.runtime import topologies
 from t5lite.train.aot import compiler as aot_compile
 from t5lite.train.aot import cost as aot_cost
 from t5lite.train.trainer import TrainConfig
@@ -130,6 +131,9 @@ def test_estimated_mfu_is_model_flops_over_xla_time(v5e_report):
   r = v5e_report
   expected = r["analytic_flops_per_device"] / (r["optimal_seconds"] * 197e12)
   assert r["estimated_mfu"] == pytest.approx(expected) and 0 < expected < 1
+  # `t5lite compile`'s table (the CLI prints it: test_pod_presets, and the model too big
+  # below) has the estimate's row.
+  assert "(XLA's estimate)" in aot_compile.table(r) and "HBM per chip" in aot_compile.table(r)
 
 
 def test_the_pallas_attention_kernel_compiles_for_tpu_per_shard(tmp_path):
@@ -156,21 +160,6 @@ def _run(capsys, *args) -> tuple[int, str, str]:
   code = cli.main(["compile", *args])
   out = capsys.readouterr()
   return code, out.out, out.err
-
-
-def test_cli_prints_a_table_and_one_json_line(capsys, tmp_path):
-  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN, "--emit-hlo", str(tmp_path))
-  assert code == 0, err
-  report = json.loads(out.strip().splitlines()[-1])
-  for key in ("fits", "bytes_per_device", "hbm_bytes", "flops_per_device", "optimal_seconds",
-              "estimated_mfu", "compile_s", "topology", "devices", "mesh", "argument_bytes",
-              "output_bytes", "temp_bytes", "analytic_flops_per_device"):
-    assert key in report
-  assert report["fits"] is True and report["devices"] == 4
-  assert "HBM per chip" in out and "fits" in out
-  assert "(XLA's estimate)" in out or "none (XLA gave" in out
-  hlo = (tmp_path / "train_step.v5e_2x2.hlo.txt").read_text()
-  assert hlo.startswith("HloModule")
 
 
 def test_a_model_too_big_for_the_chip_reports_does_not_fit(capsys):
@@ -245,14 +234,16 @@ def test_loops_are_costed_from_loop_free_compiles():
   """XLA's cost analysis counts a while loop's body once: the compiled program of a scanned
   model counts one layer per stack (far below the cost model); the whole step's flops come
   from loop-free compiles extrapolated in depth, equal to the unscanned program's own."""
-  # Half MODEL's width: the comparison is of XLA's counts with each other.
-  model = MODEL.replace(d_model=128, d_ff=512, num_heads=2, num_encoder_layers=3,
-                        num_decoder_layers=2)
+  # Half MODEL's width: the comparison is of XLA's counts with each other. One decoder layer:
+  # two loop-free compiles, (1, 1) and (2, 1); the extrapolation over two stacks of different
+  # depths is test_the_whole_step_is_the_loop_free_costs_extrapolated_in_depth's.
+  model = MODEL.replace(d_model=128, d_ff=512, num_heads=2, num_encoder_layers=4,
+                        num_decoder_layers=1)
   unscanned = aot_compile.compile_for_tpu(model, _config(), "v5e:2x2")
   scanned = aot_compile.compile_for_tpu(model.replace(scan_layers=True), _config(), "v5e:2x2")
   assert unscanned["cost_from"] == "the compiled program"
   assert "xla_flops_compiled_program" not in unscanned
-  assert scanned["cost_from"].startswith("3 loop-free compiles extrapolated over scanned")
+  assert scanned["cost_from"].startswith("2 loop-free compiles extrapolated over scanned")
   assert scanned["xla_flops_compiled_program"] < 0.6 * scanned["analytic_flops_per_device"]
   assert scanned["flops_per_device"] == pytest.approx(unscanned["flops_per_device"], rel=1e-4)
   assert scanned["xla_over_analytic_flops"] == pytest.approx(
@@ -278,6 +269,25 @@ def test_the_loop_free_programs_of_an_encoder_decoder(depths, points):
   runs = aot_cost.unrolled_programs(model, _config(batch_size=8))
   assert [(m.num_encoder_layers, m.num_decoder_layers) for m, _, _ in runs] == points
   assert all(not m.scan_layers and t.step.microbatches == 1 for m, t, _ in runs)
+
+
+def test_the_whole_step_is_the_loop_free_costs_extrapolated_in_depth_times_the_microbatches():
+  """whole_step_cost with a stand-in compile cost, affine in each stack's layers: a 4-layer
+  encoder and a 3-layer decoder from the costs at (1, 1), (2, 1) and (1, 2), times 2
+  microbatches, each program costed at its microbatch's 4 of the batch's 8 rows."""
+  seen = []
+
+  def compile_cost(model, train):
+    seen.append((model.num_encoder_layers, model.num_decoder_layers, train.batch_size,
+                 train.step.microbatches, model.scan_layers))
+    return (100.0 + 10 * model.num_encoder_layers + 7 * model.num_decoder_layers,
+            1.0 + 0.5 * model.num_encoder_layers + 0.25 * model.num_decoder_layers)
+  model = MODEL.replace(scan_layers=True, num_encoder_layers=4, num_decoder_layers=3)
+  config = _config(step=dataclasses.replace(_config().step, microbatches=2))
+  flops, seconds = aot_cost.whole_step_cost(model, config, compile_cost)
+  assert seen == [(1, 1, 4, 1, False), (2, 1, 4, 1, False), (1, 2, 4, 1, False)]
+  assert flops == 2 * (100 + 10 * 4 + 7 * 3)
+  assert seconds == pytest.approx(2 * (1.0 + 0.5 * 4 + 0.25 * 3))
 
 
 def test_ops_xla_cannot_time_are_added_back(data_parallel_report):
@@ -341,14 +351,28 @@ ENTRY %main (p: f32[]) -> f32[] {{
   assert aot_cost.untimed_ops(hlo) == 2 + 1 + 1
 
 
-@pytest.mark.parametrize("topology,hbm_gib,peak", [
-    ("v4:2x2x1", 32, 275e12), ("v5p:2x2x1", 95, 459e12), ("v6e:2x2", 32, 918e12)])
-def test_every_generation_compiles_with_its_chip_figures(topology, hbm_gib, peak):
-  """v5e is compiled above; the other generations' smallest slices (megacore v4 / v5p: one
-  device per chip) with their HBM and peak in the estimate."""
-  r = aot_compile.compile_for_tpu(SMALL, _config(mesh=part.MeshConfig(data=4)), topology)
+def test_v4_compiles_with_its_chip_figures():
+  """v5e is compiled above; v4's smallest slice (megacore: one device per chip, three axes)
+  with its HBM and peak in the estimate. v5p takes v4's path and v6e v5e's in t5lite
+  (t5lite.runtime.topologies): test_each_generation_has_its_chip_figures_and_a_mesh checks
+  their figures and meshes without a compile of its own."""
+  r = aot_compile.compile_for_tpu(SMALL, _config(mesh=part.MeshConfig(data=4)), "v4:2x2x1")
   assert r["devices"] == 4 and r["mesh"] == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1}
-  assert r["hbm_bytes"] == hbm_gib * 1024**3 and r["peak_flops_per_chip"] == peak
+  assert r["hbm_bytes"] == 32 * 1024**3 and r["peak_flops_per_chip"] == 275e12
   assert r["fits"] is True and r["optimal_seconds"] > 0
   assert r["estimated_mfu"] == pytest.approx(
-      r["analytic_flops_per_device"] / (r["optimal_seconds"] * peak))
+      r["analytic_flops_per_device"] / (r["optimal_seconds"] * 275e12))
+
+
+@pytest.mark.parametrize("topology,hbm_gib,peak", [
+    ("v4:2x2x1", 32, 275e12), ("v5p:2x2x1", 95, 459e12), ("v6e:2x2", 32, 918e12),
+    ("v5e:2x2", 16, 197e12)])
+def test_each_generation_has_its_chip_figures_and_a_mesh(topology, hbm_gib, peak):
+  """Each generation's smallest slice as libtpu describes it (4 devices: one a chip, v4 and
+  v5p's megacore included), its HBM and peak, and the mesh a data=4 run makes on it."""
+  chip = topologies.chip_of(topology)
+  assert chip.hbm_bytes == hbm_gib * 1024**3 and chip.peak_flops == peak
+  devices = topologies.topology_devices(topology)
+  assert len(devices) == 4 == topologies.chips_in(topology)
+  mesh = part.make_mesh(part.MeshConfig(data=4), devices)
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1}

@@ -48,14 +48,22 @@ def test_a_preset_names_its_topology_and_its_mesh_fills_it(path):
   assert re.search(r"estimated MFU [\d.]+%", text) and "per chip" in text
 
 
-def test_the_smallest_preset_compiles_alone_and_fits(capsys):
-  """`t5lite compile --gin_file=PRESET` with no --topology: the preset's POD_TOPOLOGY. With
-  --fit_only (the loop-free costing compiles, a minute each here, are tested on tiny models in
-  test_compile.py; `make pod-presets` reports every preset's estimate)."""
+def test_the_smallest_preset_compiles_alone_and_fits(capsys, tmp_path):
+  """`t5lite compile --gin_file=PRESET` with no --topology: the preset's POD_TOPOLOGY, its
+  table, its JSON line and its HLO. With --fit_only (the loop-free costing compiles, a minute
+  each here, are tested on tiny models in test_compile.py; `make pod-presets` reports every
+  preset's estimate)."""
   path = [p for p in PRESETS if p.endswith("t5_1_1_small_v5e.gin")][0]
-  assert cli.main(["compile", f"--gin_file={path}", "--fit_only", *REQUIRED]) == 0
+  assert cli.main(["compile", f"--gin_file={path}", "--fit_only", *REQUIRED,
+                   "--emit-hlo", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   report = json.loads(out.strip().splitlines()[-1])
+  for key in ("fits", "bytes_per_device", "hbm_bytes", "flops_per_device", "optimal_seconds",
+              "estimated_mfu", "compile_s", "topology", "devices", "mesh", "argument_bytes",
+              "output_bytes", "temp_bytes", "analytic_flops_per_device"):
+    assert key in report, key
+  assert "HBM per chip" in out and "fits" in out
+  assert (tmp_path / "train_step.v5e_2x2.hlo.txt").read_text().startswith("HloModule")
   assert report["topology"] == "v5e:2x2" and report["devices"] == 4
   assert report["fits"] is True and report["bytes_per_device"] < report["hbm_bytes"]
   # The preset's header quotes what the full compile printed: the same memory figure.
