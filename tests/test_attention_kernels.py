@@ -307,13 +307,15 @@ def test_decoding_with_the_fused_path_gives_the_xla_paths_tokens(name, fused_wir
 @pytest.mark.skipif(ON_GPU, reason="the TPU interpreter on CPU")
 def test_decoding_with_the_pallas_kernels_gives_the_xla_paths_tokens(pallas_interpreted_on_cpu):
   """T5 greedy decoding under 'pallas': the encoder's and the first step's cross-attention
-  run t5lite's kernel in the interpreter; each decoding step's single query falls back."""
+  run t5lite's kernel in the interpreter; each decoding step's single query falls back. (The
+  XLA path's decode is the program of the fused-path test's t5 case: the same model, params,
+  prompts and length.)"""
   config = VARIANTS["t5_relative_bias"].replace(**SMALLER["t5_relative_bias"])
   params = init_params(config, 1)
   prompts = np.random.RandomState(2).randint(3, 128, (2, 6)).astype(np.int32)
   prompts[1, 4:] = 0
   decode = functools.partial(decoding.generate, params=params, encoder_input_tokens=prompts,
-                             max_decode_length=4)
+                             max_decode_length=6)
   tokens = decode(config.replace(attention_implementation="pallas"))
   assert ("segments", 6, 6) in pallas_interpreted_on_cpu, pallas_interpreted_on_cpu
   np.testing.assert_array_equal(tokens, decode(config.replace(attention_implementation="xla")))

@@ -87,19 +87,6 @@ def random_tokens(shape, seed=0, low=3):
   return np.random.RandomState(seed).randint(low, 128, shape).astype(np.int32)
 
 
-@pytest.mark.parametrize("name", VARIANT_PARAMS)
-def test_shapes_and_finite(name):
-  config = VARIANTS[name]
-  params = params_for(config, 0)
-  tokens = random_tokens((2, 12))
-  prefix = np.repeat((np.arange(12) < 5)[None], 2, 0).astype(np.int32) if config.prefix_lm else None
-  logits = jitted_apply(config)(params, inputs_for(config, tokens, targets=tokens[:, :7],
-                                                   prefix=prefix))
-  expected_length = 7 if config.architecture == "encoder_decoder" else 12
-  assert logits.shape == (2, expected_length, 128)
-  assert np.isfinite(np.asarray(logits)).all()
-
-
 def _pack(a, b, pad):
   """Rows [a | b | pad zeros] with segment ids and restarting positions."""
   tokens = np.concatenate([a, b, np.zeros(pad, np.int32)])[None]
@@ -110,8 +97,10 @@ def _pack(a, b, pad):
 
 @pytest.mark.parametrize("name", VARIANT_PARAMS)
 def test_packed_segments_and_padding_never_leak(name):
-  """Each packed segment's output equals running it alone; pad values change nothing. The
-  segments differ in length (5 and 4 inputs, 3 and 6 targets), as packed rows do."""
+  """Each packed segment's output equals running it alone (with no segment ids: the default
+  every other caller takes); pad values change nothing; the logits have the model's shape and
+  are finite. The segments differ in length (5 and 4 inputs, 3 and 6 targets), as packed rows
+  do."""
   config = VARIANTS[name]
   apply = jitted_apply(config)
   params = params_for(config, 1)
@@ -123,13 +112,14 @@ def test_packed_segments_and_padding_never_leak(name):
   prefix = np.array([[1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]], np.int32) if config.prefix_lm else None
   packed = np.asarray(apply(params, inputs_for(
       config, tokens, segments, positions, targets, target_segments, target_positions, prefix)))
+  assert packed.shape == (1, 11 if config.architecture == "encoder_decoder" else 12, 128)
+  assert np.isfinite(packed).all()
 
   def alone(x, tx):
-    ones = lambda t: np.ones_like(t[None])
     own_prefix = None
     if config.prefix_lm:
       own_prefix = (np.arange(len(x)) < (2 if len(x) == 5 else 3)).astype(np.int32)[None]
-    return np.asarray(apply(params, inputs_for(config, x[None], ones(x), None, tx[None], ones(tx),
+    return np.asarray(apply(params, inputs_for(config, x[None], None, None, tx[None], None,
                                                prefix=own_prefix)))[0]
 
   if config.architecture == "encoder_decoder":
