@@ -52,16 +52,13 @@ def result(arm, seed, accuracies, steps=10, flops=1e9):
 def test_t5_objectives_arms_have_the_papers_params_and_costs():
   """Table 2's P and M: the encoder-decoder 2P at cost M; shared P at M; half the layers P
   at M/2; the language model and prefix LM (L layers over inputs + targets) P at about M."""
-  from t5lite.cli import gin_config
   from t5lite.models import count_params
   study = spec.get("t5_objectives")
   scale = study.scale("tiny")
   plan = runner.pretraining_plan(study, scale)
   params = {}
   for arm in study.arms:
-    gin_config.parse([scale.model_file, arm.pretraining.run_file],
-                     [*scale.model_bindings, *arm.model_bindings, *scale.bindings_of(arm.name)])
-    config = gin_config.model_config()
+    config = _pretraining_model(scale, arm)
     embeddings = config.vocab_size * config.d_model * (1 + (not config.tie_output_embedding))
     params[arm.name] = count_params(config) - embeddings  # the layers' share
   for objective in ("denoising", "LM"):
@@ -73,6 +70,9 @@ def test_t5_objectives_arms_have_the_papers_params_and_costs():
     assert 1.7 < p["encdec"] / p["shared"] < 2.3  # the decoder's cross-attention is its own
     assert 0.8 < p["half"] / p["shared"] < 1.2 and 0.7 < p["lm"] / p["shared"] < 1.1
     assert p["prefix"] == p["lm"]
+  # At smoke scale too, the half arms' runs get half of the scale's 2 + 2 layers.
+  half = _pretraining_model(study.scale("smoke"), study.arm("half_LM"))
+  assert (half.num_encoder_layers, half.num_decoder_layers) == (1, 1)
 
 
 def test_the_report_gives_mean_and_std_over_seeds_and_checks_each_ordering(tmp_path):
@@ -190,6 +190,19 @@ def test_distillation_has_a_4_layer_teacher_and_2_layer_students_at_equal_steps(
     assert layers == {"teacher": 4, "distilled": 2, "scratch": 2}
     plan = runner.pretraining_plan(study, scale)
     assert {entry["steps"] for entry in plan.values()} == {scale.pretrain_steps}
+
+
+def test_bert_ablations_mlm_arm_is_mlm_nsp_without_the_sentence_head():
+  """The smoke in test_study_presets runs mlm_nsp: `mlm` is the same run on the same pairs
+  with no sentence head."""
+  import gin
+  study = spec.get("bert_ablations")
+  runs = {}
+  for arm in ("mlm_nsp", "mlm"):
+    config = _pretraining_model(study.scale(spec.SMOKE), study.arm(arm))
+    runs[arm] = (config, gin.query_parameter("MIXTURE_OR_TASK_NAME/macro.value"))
+  assert runs["mlm"][1] == runs["mlm_nsp"][1] == "stdlib_bert_pretrain"
+  assert runs["mlm"][0] == runs["mlm_nsp"][0].replace(sentence_classes=0)
 
 
 def _pretraining_model(scale, arm):
