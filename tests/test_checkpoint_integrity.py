@@ -438,12 +438,15 @@ def test_nonfinite_stop_saves_the_last_good_state_and_skip_stops_past_a_fraction
              for m in messages)
   skip = run_config(tmp_path / "skip", optimizer=explode, train_steps=30, log_period=5,
                     step=StepConfig(nonfinite="skip", max_skipped_fraction=0.5))
+  skip_messages = []
   with pytest.raises(FloatingPointError, match=r"of the 10 steps run up to step 10 .* were "
                      r"skipped, more than StepConfig.max_skipped_fraction=0.5"):
-    train(MODEL, skip, log=quiet)
+    train(MODEL, skip, log=skip_messages.append)
   rows = [r for r in metrics_records(tmp_path / "skip") if "skipped_steps" in r]
   # Every skip counted, not only those of logged steps; the last row written before stopping.
   assert [(r["step"], r["skipped_steps"]) for r in rows] == [(5, 4), (10, 5)]
+  # Skipping goes on past the first non-finite steps (step 5 logged), and says so.
+  assert any("skipped in the last" in m for m in skip_messages), skip_messages
 
 
 def test_step_config_refuses_a_fraction_outside_0_1():

@@ -121,13 +121,12 @@ def assert_close(got, want, tolerance=1e-5):
 
 
 # Scanned stacks (scan: the per-row axis after the layer axis) with LoRA on t5, whose encoder
-# and decoder stacks both scan, and with prefixes on a decoder-only model.
+# and decoder stacks both scan, and with prefixes on a decoder-only model (its ragged prompts
+# mixed per row). The per-row LoRA and soft-prompt code is the same for every architecture
+# (layers.Dense, transformer.embed): t5 runs it unscanned.
 @pytest.mark.parametrize("model, scan, kind", [
-    ("t5", False, "lora"), ("decoder_only", False, "lora"),
-    pytest.param("t5", True, "lora", marks=pytest.mark.slow),
-    ("t5", False, "prompt"), pytest.param("decoder_only", False, "prompt",
-                                          marks=pytest.mark.slow),
-    pytest.param("t5", False, "prefix", marks=pytest.mark.slow),
+    ("t5", False, "lora"), pytest.param("t5", True, "lora", marks=pytest.mark.slow),
+    ("t5", False, "prompt"), pytest.param("t5", False, "prefix", marks=pytest.mark.slow),
     pytest.param("decoder_only", True, "prefix", marks=pytest.mark.slow)])
 def test_a_mixed_batch_decodes_as_each_row_with_its_adapter_alone(made, model, scan, kind):
   base, runs = made(model, scan, kind)
@@ -170,20 +169,6 @@ def test_a_mixed_batch_decodes_as_each_row_with_its_adapter_alone(made, model, s
   if kind != "lora":
     with pytest.raises(ConfigError, match="a row of the base alone cannot share a batch"):
       bank.row_ids(["a", None])
-
-
-def test_a_mixed_batch_of_one_adapter_equals_its_joined_run_bitwise(made):
-  """A batch of ROWS' shape: it runs the programs the mixed-batch test compiles (t5,
-  unscanned, LoRA)."""
-  base, runs = made("t5")
-  bank = adapter_batch.load_bank(base, {"a": runs["a"]})
-  config, inputs = bank.config, prompts(bank.config, len(ROWS))
-  joined_config, joined, step = peft_record.load_run(runs["a"])
-  assert step == bank.steps["a"] == 7 and joined_config.adapter == LORA
-  got = decoding.generate(config, bank.params_for(np.zeros(len(ROWS), np.int32) + 1), inputs,
-                          max_decode_length=6)
-  np.testing.assert_array_equal(got, decoding.generate(joined_config, joined, inputs,
-                                                       max_decode_length=6))
 
 
 # --- bad input --------------------------------------------------------------------------------
