@@ -14,6 +14,7 @@ import torch
 import t5lite
 from helpers import tiny
 from t5lite.errors import ConfigError
+from t5lite.families import family_of, token_loss_sums
 from t5lite.models import init_params
 from t5lite.models.positions import interleaved_sinusoidal_embedding
 
@@ -139,7 +140,6 @@ def _mlm_loss_and_reference(config):
   """Jitted (loss, sums) and gradients of the family's loss and of the head over every
   position, built once per config: both parametrizations run the same two programs, and
   op by op each of the hundreds of ops would compile alone."""
-  from t5lite.families import family_of, token_loss_sums
   family = family_of(config)
 
   def reference(params, batch):
@@ -187,7 +187,6 @@ def test_mlm_loss_on_the_chosen_positions_equals_the_loss_over_every_position(pe
   if per_row == 3:
     # Without a sentence head (bert_ablations' "MLM alone (pairs)" arm) the pairs' labels are
     # ignored: the MLM part of the loss alone.
-    from t5lite.families import family_of
     no_head = family_of(config.replace(sentence_classes=0))
     alone, sums = jax.jit(lambda p, b: no_head.loss_fn(p, b, None))(params, batch)
     assert "sentence_loss" not in sums
