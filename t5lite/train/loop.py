@@ -36,7 +36,7 @@ from t5lite.runtime import preemption
 from t5lite.runtime import partitioning as part
 from t5lite.runtime.metrics_writer import MetricsWriter, ProgressLine
 from t5lite.runtime.processes import all_flags
-from t5lite.train import data_state, schedules
+from t5lite.train import data_state, schedules, step_program
 from t5lite.train.actions import Action, Clock, Evaluate, default_actions
 from t5lite.train.step import new_window
 
@@ -244,7 +244,7 @@ def _train(loop: Loop, actions: list[Action]) -> None:
   loop.reset_window()
   batch = part.global_batch(host_batch, trainer.mesh)
   start = time.perf_counter()
-  step_fn = trainer.step_fn.lower(loop.state, loop.window, batch).compile()
+  step_fn = step_program.compile_lowered(trainer.step_fn.lower(loop.state, loop.window, batch))
   loop.compile_s = time.perf_counter() - start
   loop.step_memory = step_memory(step_fn)
   for action in actions:

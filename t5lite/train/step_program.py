@@ -3,7 +3,7 @@ shapes, the jitted step and eval functions, and the abstract arguments of one st
 
     program = step_program.build(family, config, mesh, rules)
     state, window, batch = program.abstract_args()          # ShapeDtypeStructs, born sharded
-    compiled = program.step_fn.lower(state, window, batch).compile()
+    compiled = step_program.compile_lowered(program.step_fn.lower(state, window, batch))
 
 One function for both callers, so that what is compiled ahead of time is what trains: the
 Trainer (t5lite.train.trainer) builds it over the run's devices and feeds real arrays;
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any, Mapping
 
 import jax
@@ -22,6 +23,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.data.converters.sequence import FeatureConverter
+from t5lite.errors import ConfigError
 from t5lite.families import Family
 from t5lite.runtime import partitioning as part
 from t5lite.train.optimizers import make_optimizer, trainable_only
@@ -106,14 +108,16 @@ def build(family: Family, config, mesh: Mesh, rules: part.LogicalRules,
   replicated = NamedSharding(mesh, P())
   batch_sharding = part.batch_sharding(mesh)
   fixed = () if fixed_shardings is None else (fixed_shardings,)
+  options = dict(config.compiler_options) if config.compiler_options else None
   step_fn = jax.jit(
       functools.partial(windowed_train_step, family=family, optimizer=optimizer,
                         step_config=config.step, seed=config.seed),
       in_shardings=(state_shardings, replicated, batch_sharding, *fixed),
       out_shardings=(state_shardings, replicated, replicated),
-      donate_argnums=(0, 1))
+      donate_argnums=(0, 1), compiler_options=options)
   eval_fn = jax.jit(functools.partial(eval_step, family=family),
-                    in_shardings=(param_shardings, batch_sharding, *fixed))
+                    in_shardings=(param_shardings, batch_sharding, *fixed),
+                    compiler_options=options)
   return StepProgram(
       mesh=mesh, rules=rules, family=family, converter=converter, optimizer=optimizer,
       param_shardings=param_shardings, state_shardings=state_shardings,
@@ -121,3 +125,18 @@ def build(family: Family, config, mesh: Mesh, rules: part.LogicalRules,
       abstract_params=part.abstract_sharded(params, param_shardings), replicated=replicated,
       batch_sharding=batch_sharding, step_fn=step_fn, eval_fn=eval_fn,
       batch_size=config.batch_size, task_feature_lengths=dict(config.task_feature_lengths))
+
+
+def compile_lowered(lowered, platform: str | None = None):
+  """lowered.compile(); an option of TrainConfig.compiler_options that the backend's XLA does
+  not know (another backend's, or a typo) refused in one line, naming it."""
+  try:
+    return lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    unknown = re.search(r"No such compile option: '([^']+)'", str(e))
+    if unknown is None:
+      raise
+    raise ConfigError(
+        f"TrainConfig.compiler_options: XLA for {platform or jax.default_backend()} has no "
+        f"option {unknown.group(1)!r}; remove it, or name one of that backend's (TPU "
+        "options start with xla_tpu_ or xla_jf_, CPU ones with xla_cpu_)") from None

@@ -73,6 +73,11 @@ class TrainConfig:
   mesh: part.MeshConfig = dataclasses.field(default_factory=part.MeshConfig)
   fsdp: bool = False
   """Shard parameters' embed axis over the mesh's 'fsdp' axis (logical_axis_rules)."""
+  compiler_options: Mapping[str, bool | int | float | str] | None = None
+  """XLA options of the train and eval steps' compiles (jax.jit's compiler_options), for
+  the backend the run compiles for: e.g. the v5e xl preset's
+  {'xla_tpu_enable_windowed_einsum_for_all_gather': False} (docs/compile.md says why).
+  None: XLA's defaults. An option the backend does not know fails the first compile."""
   checkpoint: ckpt_lib.CheckpointConfig = dataclasses.field(
       default_factory=ckpt_lib.CheckpointConfig)
   profile_steps: int = 0
@@ -110,6 +115,7 @@ class TrainConfig:
       require_int(getattr(self, name), f"TrainConfig.{name}", minimum=0 if name != "seed" else None)
     require_int(self.infer_eval_examples, "TrainConfig.infer_eval_examples", minimum=1,
                 optional=True)
+    _check_compiler_options(self.compiler_options)
     # Before anything is allocated (a length of 10**12 once asked for 2.3 PB).
     check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS", self.batch_size)
     if not self.model_dir:
@@ -118,3 +124,14 @@ class TrainConfig:
     model_dir_lib.check_path_length(self.model_dir)
     model_dir_lib.check_location(self.initial_checkpoint_path, "INITIAL_CHECKPOINT_PATH")
     recipes.check_config(self)  # one recipe at most, and one it can train
+
+
+def _check_compiler_options(options) -> None:
+  """compiler_options: None or a mapping of option names to plain values (what jax.jit takes)."""
+  if options is None:
+    return
+  if not isinstance(options, Mapping) or not all(
+      isinstance(k, str) and isinstance(v, (bool, int, float, str)) for k, v in options.items()):
+    raise ConfigError(f"TrainConfig.compiler_options={options!r} must map XLA option names to "
+                      "bools, numbers or strings, e.g. "
+                      "{'xla_tpu_enable_windowed_einsum_for_all_gather': False}")
