@@ -17,10 +17,12 @@ import pytest
 
 from helpers import tiny
 from t5lite import cli
+from t5lite.errors import ConfigError
 from t5lite.families import family_of
 from t5lite.runtime import partitioning as part
 from t5lite.runtime import topologies
 from t5lite.train.aot import compiler as aot_compile
+from t5lite.train import step_program
 from t5lite.train.aot import cost as aot_cost
 from t5lite.train.trainer import TrainConfig
 
@@ -300,12 +302,61 @@ def test_ops_xla_cannot_time_are_added_back(data_parallel_report):
   assert 0 < r["optimal_seconds"] < 0.01 and 0 < r["estimated_mfu"] < 1
 
 
+def test_compiler_options_reach_xla(tmp_path):
+  """TrainConfig.compiler_options go to the train step's compile: XLA:TPU's async collective
+  fusion turned off, the FSDP step's all-gathers are no longer async collectives."""
+  fsdp = {"mesh": part.MeshConfig(data=1, fsdp=4), "fsdp": True}
+  off = {"xla_tpu_enable_async_collective_fusion": False}
+  hlo = {}
+  for name, options in (("default", None), ("off", off)):
+    r = aot_compile.compile_for_tpu(SMALL, _config(**fsdp, compiler_options=options), "v5e:2x2",
+                                    emit_hlo=str(tmp_path / name))
+    hlo[name] = open(r["hlo_path"]).read()
+  assert hlo["default"].count('"AsyncCollectiveStart"') > 0
+  assert hlo["off"].count('"AsyncCollectiveStart"') == 0
+  assert r["compiler_options"] == off and "compiler options" in aot_compile.table(r)
+
+
+def test_an_option_xla_does_not_know_is_refused_in_one_line(capsys):
+  code, out, err = _run(capsys, "--topology", "v5e:2x2", *GIN,
+                        "--gin.TrainConfig.compiler_options={'xla_tpu_no_such_option': True}")
+  line = err.strip()
+  assert code == 2 and "\n" not in line, err
+  assert "'xla_tpu_no_such_option'" in line and "compiler_options" in line and "tpu" in line
+  # The train loop compiles through the same function: on this CPU, another backend's name.
+  cpu = jax.jit(lambda x: x + 1, compiler_options=aot_compile.NO_WINDOWED_EINSUMS)
+  with pytest.raises(ConfigError, match="XLA for cpu has no option 'xla_tpu_enable_windowed"):
+    step_program.compile_lowered(cpu.lower(1.0))
+  with pytest.raises(ConfigError, match="compiler_options"):
+    _config(compiler_options=["xla_tpu_enable_windowed_einsum_for_all_gather"])
+  with pytest.raises(ConfigError, match="compiler_options"):
+    _config(compiler_options={"xla_option": [1, 2]})
+
+
+def test_windowed_einsum_loops_are_counted_and_void_the_estimate(v5e_report):
+  """XLA:TPU's windowed einsums (a matmul split into a loop that overlaps its all-gather or
+  reduce-scatter; chosen for big operands, e.g. T5 1.1 xl at 64 rows a chip) are loops whose
+  bodies its cost analysis counts once: a report whose costed program has one gives no MFU
+  and says what to set. The loop lines as libtpu 0.0.42.1 writes them."""
+  hlo = """ENTRY %main {
+  %while.78 = (bf16[64,114,2048]{1,2,0:T(8,128)(2,1)S(1)}, u32[]{:T(128)}) while(%tuple.5), condition=%wide.windowed_dot_general_cond_ag.clone, body=%wide.windowed_dot_general_body_ag.clone.sunk
+  %while.90 = (bf16[64,512,2048]{1,2,0:T(8,128)(2,1)}, u32[]{:T(128)}) while(%tuple.9), condition=%wide.windowed_dot_general_cond_rs.3.clone, body=%wide.windowed_dot_general_body_rs.3.clone.sunk
+  %while.91 = (s32[]) while(%tuple.10), condition=%cond.1, body=%scan_body.1
+}"""
+  assert aot_cost.windowed_einsum_loops(hlo) == 2
+  assert v5e_report["windowed_einsum_loops"] == 0 and v5e_report["estimated_mfu"] > 0
+  voided = {**v5e_report, **aot_compile._windowed_einsums(2)}
+  assert voided["estimated_mfu"] is None
+  assert "2 matmuls into windowed einsum loops" in aot_compile.table(voided)
+  assert "xla_tpu_enable_windowed_einsum_for_all_gather" in voided["cost_note"]
+  assert aot_compile._windowed_einsums(0) == {}
+
+
 @pytest.mark.parametrize("pack", [True, False])
 def test_the_abstract_batch_is_what_the_run_converter_makes(pack):
   """Keys, dtypes and lengths of the compiled step's batch = a real converted row's."""
   import grain
 
-  from t5lite.train import step_program
   config = _config(pack=pack, task_feature_lengths={"inputs": 8, "targets": 6})
   mesh = part.make_mesh(part.MeshConfig(data=-1), jax.devices()[:2])
   program = step_program.build(family_of(tiny()), config, mesh, part.logical_axis_rules())

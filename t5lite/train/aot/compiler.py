@@ -35,13 +35,12 @@ import contextlib
 import functools
 import json
 import math
-import os
 import time
 from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType
 
 from t5lite.errors import ConfigError
 from t5lite.families import family_of
@@ -153,6 +152,8 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
       "batch_size": config.batch_size, "task_feature_lengths": dict(config.task_feature_lengths),
       "hbm_bytes": chip.hbm_bytes, "peak_flops_per_chip": chip.peak_flops,
       **_state_bytes(built)}
+  if config.compiler_options:
+    report["compiler_options"] = dict(config.compiler_options)
   if program == "train":
     fn, args, extra = built.step_fn, built.abstract_args(), {}
   else:
@@ -162,7 +163,7 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
   with part.activate(mesh, built.rules), _no_persistent_cache():
     lowered = fn.lower(*args)
     try:
-      compiled = lowered.compile()
+      compiled = step_program.compile_lowered(lowered, "tpu")
     except jax.errors.JaxRuntimeError as e:
       refused = _out_of_memory(str(e), report["state_bytes_per_device"], chip.hbm_bytes)
       if refused is None:
@@ -181,6 +182,8 @@ def compile_for_tpu(model_config: ModelConfig, config, topology: str, *, num_sli
   loops = aot_cost.loops(model_config, config, program)
   if loops and program == "train" and not fit_only:
     report.update(_unrolled_cost(model_config, config, mesh, loops, report))
+  elif program == "train" and not loops:
+    report.update(_windowed_einsums(report["windowed_einsum_loops"]))
   elif loops:
     report["xla_cost_counts_loop_bodies_once"] = loops
     if program == "train":  # undercounts: not an estimate of the step
@@ -192,10 +195,14 @@ def _unrolled_cost(model_config: ModelConfig, config, mesh, loops: str,
                    report: dict[str, Any]) -> dict[str, Any]:
   """The whole step's flops and optimal_seconds when the train program loops (XLA counts a
   loop body once): extrapolated from loop-free compiles (t5lite.train.aot.cost)."""
+  windowed = []
+
   def compile_cost(model, train):
     built = _program(model, train, mesh)
     with part.activate(mesh, built.rules), _no_persistent_cache():
-      cost = aot_cost.xla_cost(built.step_fn.lower(*built.abstract_args()).compile())
+      cost = aot_cost.xla_cost(step_program.compile_lowered(
+          built.step_fn.lower(*built.abstract_args()), "tpu"))
+    windowed.append(cost["windowed_einsum_loops"])
     return cost["flops"], cost["optimal_seconds"]
 
   start = time.perf_counter()
@@ -214,7 +221,24 @@ def _unrolled_cost(model_config: ModelConfig, config, mesh, loops: str,
                            if seconds else None),
          "cost_from": f"{runs} loop-free compiles extrapolated over {loops}",
          "cost_compile_s": round(time.perf_counter() - start, 3)}
-  return out
+  return {**out, "windowed_einsum_loops": max(windowed), **_windowed_einsums(max(windowed))}
+
+
+def _windowed_einsums(count: int) -> dict[str, Any]:
+  """The report's estimate voided when the costed program has windowed einsum loops, whose
+  bodies XLA counts once (t5lite.train.aot.cost)."""
+  if not count:
+    return {}
+  return {"estimated_mfu": None,
+          "cost_note": f"XLA split {count} matmuls into windowed einsum loops, whose bodies its "
+                       "cost analysis counts once: no MFU estimate; TrainConfig."
+                       f"compiler_options = {NO_WINDOWED_EINSUMS} compiles without them"}
+
+
+# XLA:TPU options that keep it from writing windowed einsums (the TPU presets that give each
+# chip many rows set them: docs/compile.md).
+NO_WINDOWED_EINSUMS = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                       "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
 
 
 @contextlib.contextmanager
@@ -301,6 +325,7 @@ def _cost(compiled, program: step_program.StepProgram, chip, devices: int,
     out["estimated_mfu"] = analytic / (seconds * chip.peak_flops) if seconds else None
   else:
     out["analytic_flops_per_device"] = out["estimated_mfu"] = None
+  out["windowed_einsum_loops"] = cost["windowed_einsum_loops"]
   return out
 
 
@@ -374,7 +399,8 @@ def table(r: dict[str, Any]) -> str:
            ("generated code", _gib(r["code_bytes"])),
            ("total per device", f"{_gib(total)}  = {100 * total / hbm:.1f}% of HBM"),
            ("HBM per chip", _gib(hbm)), ("fits", verdict),
-           ("compile", f"{r['compile_s']} s"),
+           ("compile", f"{r['compile_s']} s"
+            + (f" (compiler options {r['compiler_options']})" if r.get("compiler_options") else "")),
            ("XLA flops per device", f"{r['flops_per_device']:.4g}")]
   if r.get("analytic_flops_per_device"):
     ratio = r.get("xla_over_analytic_flops")
@@ -390,6 +416,8 @@ def table(r: dict[str, Any]) -> str:
     rows.append(("note", f"XLA counts a loop body once: with "
                  f"{r['xla_cost_counts_loop_bodies_once']}, its flops and time undercount"
                  + skipped))
+  if r.get("cost_note"):
+    rows.append(("note", r["cost_note"]))
   seconds = r.get("optimal_seconds")
   rows.append(("XLA optimal_seconds (estimate)", f"{seconds:.4g} s" if seconds else
                f"none (XLA gave {r.get('xla_optimal_seconds_raw')}: ops it could not time)"))
