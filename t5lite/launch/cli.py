@@ -19,7 +19,7 @@ import sys
 from t5lite.launch import commands
 
 EPILOG = """After `--`: the verb and its flags (default verb: train), e.g.
-  t5lite launch --kind=tpu_vm --name=my-v5e --zone=ZONE --num_hosts=16 --devices_per_host=4 \\
+  t5lite launch --kind=tpu_vm --name=my-v5e --zone=ZONE --num_hosts=8 --devices_per_host=4 \\
     --dry-run -- --gin_file=gin/runs/pods/t5_1_1_xl_v5e.gin \\
     --gin.MIXTURE_OR_TASK_NAME=c4_span_corruption --gin.MODEL_DIR=gs://my-bucket/run
 Without them, example flags (T5 1.1 base on C4), printed only. With no flags at all: a
