@@ -399,8 +399,8 @@ def table(r: dict[str, Any]) -> str:
            ("generated code", _gib(r["code_bytes"])),
            ("total per device", f"{_gib(total)}  = {100 * total / hbm:.1f}% of HBM"),
            ("HBM per chip", _gib(hbm)), ("fits", verdict),
-           ("compile", f"{r['compile_s']} s"
-            + (f" (compiler options {r['compiler_options']})" if r.get("compiler_options") else "")),
+           ("compile", f"{r['compile_s']} s" + (f" (compiler options {options})"
+                                                  if (options := r.get("compiler_options")) else "")),
            ("XLA flops per device", f"{r['flops_per_device']:.4g}")]
   if r.get("analytic_flops_per_device"):
     ratio = r.get("xla_over_analytic_flops")
