@@ -1,11 +1,13 @@
 """Position encodings against HF's T5 bucketing and rotary/sinusoidal properties."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite.models.positions import (add_position_bias, apply_rope, relative_position_bucket,
-                                     sinusoidal_embedding)
+from helpers import tiny
+from t5lite.models.positions import (RelativePositionBias, add_position_bias, apply_rope,
+                                     relative_position_bucket, sinusoidal_embedding)
 
 
 @pytest.mark.parity
@@ -74,3 +76,52 @@ def test_position_bias_gradient_is_a_reduction_in_programs_for_other_platforms()
   for platform, reduces in (("cpu", False), ("cuda", True)):
     text = jax.jit(grad).trace(table).lower(lowering_platforms=(platform,)).as_text()
     assert ("stablehlo.reduce" in text) == reduces, platform
+
+
+def _bias_and_table_gradient(bidirectional, query, key, offset, weights):
+  config = tiny(num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=12)
+  module = RelativePositionBias(config, bidirectional)
+  table = nn.meta.unbox(module.init(jax.random.key(0), query, key, offset))["params"][
+      "rel_embedding"]
+  bias_of = lambda table: module.apply({"params": {"rel_embedding": table}}, query, key, offset)
+  grad = jax.jit(jax.grad(lambda table: jnp.sum(bias_of(table) * weights)))(table)
+  return np.asarray(table), np.asarray(bias_of(table)), np.asarray(grad)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("offset", [0, 5, np.array([0, 3, 9])], ids=["none", "5", "per_row"])
+def test_relative_bias_and_its_table_gradient_equal_a_numpy_rederivation(bidirectional, offset):
+  """bias[b, h, q, k] = table[bucket(k - q - offset), h]; the table's gradient sums the bias
+  gradient per (bucket, head) (on the CPU one scatter per head), for odd shapes (3 heads,
+  7 queries, 11 keys) and per-row offsets (incremental decoding)."""
+  query, key = 7, 11
+  rows = np.ndim(offset) and len(offset)
+  weights = np.random.default_rng(1).standard_normal((max(rows, 1), 3, query, key))
+  table, bias, grad = _bias_and_table_gradient(bidirectional, query, key,
+                                               jnp.asarray(offset, jnp.int32),
+                                               jnp.asarray(weights, jnp.float32))
+  offsets = np.broadcast_to(np.asarray(offset), (max(rows, 1),))
+  expected_bias = np.zeros(bias.shape)
+  expected_grad = np.zeros(table.shape)
+  for row, shift in enumerate(offsets):
+    relative = np.arange(key)[None, :] - (np.arange(query)[:, None] + shift)
+    buckets = np.asarray(relative_position_bucket(
+        jnp.asarray(relative), bidirectional=bidirectional, num_buckets=8, max_distance=12))
+    expected_bias[row] = np.moveaxis(table[buckets], -1, 0)
+    np.add.at(expected_grad, buckets.reshape(-1),
+              weights[row].reshape(3, -1).T.astype(np.float32).astype(np.float64))
+  np.testing.assert_array_equal(bias, expected_bias.astype(np.float32))
+  np.testing.assert_allclose(grad, expected_grad, rtol=1e-6, atol=1e-6)
+
+
+def test_relative_bias_table_gradient_is_one_scatter_in_programs_for_other_platforms():
+  """On the CPU the table's gradient is one flat scatter-add per head; a TPU or GPU program
+  keeps the gather's own gradient, one scatter over the whole table."""
+  config = tiny(num_heads=3)
+  module = RelativePositionBias(config, True)
+  table = nn.meta.unbox(module.init(jax.random.key(0), 5, 5))["params"]["rel_embedding"]
+  grad = jax.grad(lambda t: jnp.sum(module.apply({"params": {"rel_embedding": t}}, 5, 5) ** 2))
+  for platform, scatters in (("cpu", 3), ("cuda", 1)):
+    text = jax.jit(grad).trace(table).lower(lowering_platforms=(platform,)).as_text()
+    assert text.count('"stablehlo.scatter"') + text.count("stablehlo.scatter(") == scatters, (
+        platform)
