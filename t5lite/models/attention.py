@@ -15,6 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 from t5lite.models import adapters, attention_kernels
 from t5lite.models.attention_kernels import MASK_VALUE
 from t5lite.models.config import ModelConfig
+from t5lite.models.kernels.softmax_values import softmax_values
 from t5lite.models.layers import dense
 from t5lite.models.positions import add_position_bias, apply_rope
 
@@ -247,11 +248,14 @@ class MultiHeadAttention(nn.Module):
     return "xla" if refusal else kernel
 
   def _xla_attention(self, query, key, value, bias):
-    """Two einsums around a float32 softmax, with dropout on the weights."""
+    """Two einsums around a float32 softmax, with dropout on the weights; without dropout,
+    softmax_values (the same core with fewer passes over the weights on the CPU)."""
     cfg = self.config
     logits = attention_kernels.attention_logits(query, key, bias)  # (B, H, Q, K)
     # Distillation (TinyBERT) reads the pre-softmax scores; a no-op unless asked for.
     self.sow(INTERMEDIATES, "attention_scores", logits)
+    if self.deterministic or cfg.dropout_rate == 0:
+      return softmax_values(logits, attention_kernels.every_head(value, logits.shape[1]))
     weights = jax.nn.softmax(logits, axis=-1).astype(cfg.compute_dtype)
     weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
     return attention_kernels.weighted_values(weights, value)

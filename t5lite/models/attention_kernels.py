@@ -3,7 +3,8 @@ model by ModelConfig.attention_implementation:
 
   'xla'    two einsums around a float32 softmax, on every backend. The (B, H, Q, K) scores
            are written to device memory and read back (XLA does not fuse a matmul, a
-           softmax and a matmul into one kernel).
+           softmax and a matmul into one kernel); without dropout the softmax and second
+           einsum are kernels/softmax_values.py (fewer passes over the scores on the CPU).
   'cudnn'  cuDNN's fused (flash) attention through jax.nn.dot_product_attention: the scores
            stay on chip. Needs a CUDA GPU and bfloat16 / float16 compute (refused otherwise,
            with the fix). T5's relative-position bias, padding, packed-segment, causal and
