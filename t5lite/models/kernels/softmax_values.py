@@ -14,7 +14,7 @@ much as a matmul. Autodiff of `softmax(s) . v` makes two passes that are not nee
 
 XLA does not find either rewrite, and jax has no such core (jax.nn.dot_product_attention's
 XLA path is plain autodiff), hence this custom gradient. In T5's train step on a 2-core AMD
-EPYC it made the step about 2% faster (docs/cpu.md). Programs for other platforms (a TPU
+EPYC it made the step about 3% faster (docs/cpu.md). Programs for other platforms (a TPU
 program compiled on a CPU host too) keep autodiff's softmax, chosen with
 jax.lax.platform_dependent, so their memory and cost figures stay as measured (on a TPU the
 custom gradient changes what the backward keeps: a v5e preset's step took 11.7 GiB a chip
