@@ -62,7 +62,8 @@ def test_permission_and_disk_errors_exit_2_with_path_and_errno_text(code, monkey
 # ------------------------------------------------------------------ 2. garbage spiece.model
 
 @pytest.mark.parametrize("content", [b"", np.random.default_rng(0).bytes(4096),
-                                     b"<html>404 Not Found</html>"])
+                                     b"<html>404 Not Found</html>"],
+                         ids=["empty", "random_bytes", "html"])
 def test_a_garbage_sentencepiece_model_names_the_file(content, tmp_path):
   path = tmp_path / "spiece.model"
   path.write_bytes(content)
