@@ -52,6 +52,8 @@ def _config(**changes) -> TrainConfig:
                         **changes})
 
 
+# TPU compiles: the tests that take these are slow (helpers/durations.py).
+SLOW_FIXTURES = ("v5e_report", "data_parallel_report")
 DATA_PARALLEL = part.MeshConfig(data=4)  # what _config()'s default (data=-1) is on v5e:2x2
 
 
@@ -66,9 +68,8 @@ def data_parallel_report(tmp_path_factory):
 @pytest.fixture(scope="module")
 def v5e_report():
   """The tiny T5 on v5e:2x2 (4 chips) as data=2 x tensor=2: params split over 'tensor'. A TPU
-  compile is not served from JAX's cache (17-21 s on a warm 2-core Zen 3 EPYC): every test
-  that takes this fixture is slow (by hand where its own time is short), or the fast tier's
-  first one would pay it."""
+  compile is not served from JAX's cache (17-21 s on a warm 2-core Zen 3 EPYC): in
+  SLOW_FIXTURES."""
   config = _config(mesh=part.MeshConfig(data=2, fsdp=1, tensor=2))
   return aot_compile.compile_for_tpu(MODEL, config, "v5e:2x2")
 
@@ -132,7 +133,6 @@ def test_the_flops_gap_is_the_non_matmul_work(v5e_report):
   assert 0 < gap_big < gap_small < 0.3
 
 
-@pytest.mark.slow
 def test_estimated_mfu_is_model_flops_over_xla_time(v5e_report):
   r = v5e_report
   expected = r["analytic_flops_per_device"] / (r["optimal_seconds"] * 197e12)
@@ -337,7 +337,6 @@ def test_an_option_xla_does_not_know_is_refused_in_one_line(capsys):
     _config(compiler_options={"xla_option": [1, 2]})
 
 
-@pytest.mark.slow
 def test_windowed_einsum_loops_are_counted_and_void_the_estimate(v5e_report):
   """XLA:TPU's windowed einsums (a matmul split into a loop that overlaps its all-gather or
   reduce-scatter; chosen for big operands, e.g. T5 1.1 xl at 64 rows a chip) are loops whose

@@ -31,6 +31,8 @@ from t5lite.models.params import init_params
 from t5lite.runtime.model_dir import load_params
 
 INPUT_LENGTH, MAX_DECODE_LENGTH = 16, 8
+# The tests that take these (through `live` and `fresh` too) are slow (helpers/durations.py).
+SLOW_FIXTURES = ("artifacts",)
 CONFIG = tiny(vocab_size=512)  # above the vocabularies' 410 and 359 ids: padded rows get decoded
 # Each at most 15 bytes, so that with EOS they fit INPUT_LENGTH under both vocabularies.
 TEXTS = ["Return a list", "héllo wörld", "a <extra_id_2>"]
@@ -92,9 +94,7 @@ def vocabularies():
 def artifacts(tmp_path_factory, vocabularies):
   """{vocabulary kind: (MODEL_DIR, artifact)}, exported through the CLI; the byte one with
   greedy only. Its two exports take seconds even on a warm compilation cache (8 s on a
-  2-core Zen 3 EPYC), which whichever test took it first would pay in the fast tier: every
-  test that takes it, directly or through `live` or `fresh`, is slow (by hand where its own
-  time is short)."""
+  2-core Zen 3 EPYC): in SLOW_FIXTURES."""
   params = init_params(CONFIG, 0)
   out = {}
   for kind, vocabulary in vocabularies.items():
@@ -159,7 +159,6 @@ def live_text(live, vocabulary, texts, method) -> list[str]:
   return vocabulary.decode_batch(live_generate(live, tokens, method))
 
 
-@pytest.mark.slow
 def test_artifact_layout(artifacts):
   model_dir, artifact = artifacts["sentencepiece"]
   assert sorted(os.listdir(artifact)) == [
@@ -195,7 +194,6 @@ def test_loader_imports_no_t5lite():
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
 def test_fresh_process_ids_equal_live_model(fresh, live):
   assert fresh["t5lite_imported"] == []
   for kind, methods in (("sentencepiece", ("greedy", "beam")), ("byte", ("greedy",))):
@@ -209,7 +207,6 @@ def test_fresh_process_ids_equal_live_model(fresh, live):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
 def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
   for kind, vocabulary in vocabularies.items():
     assert fresh[kind]["encoded"] == [vocabulary.encode(text).tolist() for text in TEXTS]
@@ -221,7 +218,6 @@ def test_fresh_process_text_equals_live_decode(fresh, live, vocabularies):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
 def test_too_long_inputs_are_refused(fresh):
   for kind in ("sentencepiece", "byte"):
     for error in fresh[kind]["errors"]:
@@ -230,7 +226,6 @@ def test_too_long_inputs_are_refused(fresh):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
 def test_loader_command_line(artifacts, live, vocabularies):
   artifact = artifacts["sentencepiece"][1]
   texts = [arg for text in TEXTS for arg in ("--text", text)]
@@ -243,7 +238,6 @@ def test_loader_command_line(artifacts, live, vocabularies):
   assert result.stdout == "".join(text + "\n" for text in expected)
 
 
-@pytest.mark.slow
 def test_export_refusals(artifacts):
   model_dir, artifact = artifacts["sentencepiece"]
   with pytest.raises(FileExistsError, match="not empty"):
@@ -253,7 +247,6 @@ def test_export_refusals(artifacts):
                            max_decode_length=8, methods=("sample",))
 
 
-@pytest.mark.slow
 def test_cpu_only_artifacts_run_on_the_cpu_under_a_gpu_default_backend(artifacts, tmp_path,
                                                                       monkeypatch):
   cpu = jax.devices("cpu")[0]
@@ -270,7 +263,6 @@ def test_cpu_only_artifacts_run_on_the_cpu_under_a_gpu_default_backend(artifacts
   assert {device for x in jax.tree.leaves(model.params) for device in x.devices()} == {cpu}
 
 
-@pytest.mark.slow
 def test_bf16_params_round_trip_through_the_loader(live, tmp_path):
   """A bf16 export's params.safetensors, read by the artifact's loader: dtype and bits kept.
   (A whole bf16 artifact in the fresh process would cost several seconds of compiling.)"""
@@ -342,7 +334,6 @@ def _missing(flat):
 @pytest.mark.parametrize("change, message", [
     (_nan, "holds NaN or inf values"), (_fp16, r"is float16\[.*the functions take float32"),
     (_wrong_shape, r"the functions take float32\["), (_missing, "params missing")])
-@pytest.mark.slow
 def test_params_must_be_what_the_functions_take_and_finite(artifacts, tmp_path, capfd, change,
                                                            message):
   artifact = tampered(artifacts, tmp_path, **{"params.safetensors": params_file(artifacts,
@@ -350,7 +341,6 @@ def test_params_must_be_what_the_functions_take_and_finite(artifacts, tmp_path, 
   assert re.search(message, loader_error(artifact, capfd))
 
 
-@pytest.mark.slow
 def test_a_damaged_file_fails_its_checksum_and_a_cut_export_is_named(artifacts, tmp_path, capfd):
   data = bytearray((artifacts["byte"][1] / "params.safetensors").read_bytes())
   data[len(data) // 2] ^= 0x10
@@ -365,7 +355,6 @@ def test_a_damaged_file_fails_its_checksum_and_a_cut_export_is_named(artifacts, 
   assert "is not a readable jax.export function" in loader_error(resealed, capfd)
 
 
-@pytest.mark.slow
 def test_paths_that_leave_the_artifact_are_refused(artifacts, tmp_path, capfd):
   outside = tmp_path / "other"
   outside.mkdir()
@@ -380,7 +369,6 @@ def test_paths_that_leave_the_artifact_are_refused(artifacts, tmp_path, capfd):
   assert "'/etc/passwd' is outside the artifact's folder" in loader_error(absolute, capfd)
 
 
-@pytest.mark.slow
 def test_a_vocabulary_larger_than_the_model_is_refused_before_it_is_built(artifacts, tmp_path,
                                                                           capfd):
   vocabulary = json.loads((artifacts["byte"][1] / "vocabulary.json").read_text())
@@ -390,7 +378,6 @@ def test_a_vocabulary_larger_than_the_model_is_refused_before_it_is_built(artifa
           in loader_error(artifact, capfd))
 
 
-@pytest.mark.slow
 def test_an_artifact_of_symlinks_loads_when_its_checksums_hold(artifacts, tmp_path):
   """A model hub's cache links each file to a blob elsewhere: the checksums vouch for them."""
   linked = tmp_path / "snapshot"
@@ -400,7 +387,6 @@ def test_an_artifact_of_symlinks_loads_when_its_checksums_hold(artifacts, tmp_pa
   assert serving_loader.ServingModel.load(linked).vocabulary is not None
 
 
-@pytest.mark.slow
 def test_an_artifact_without_checksums_loads_with_a_warning(artifacts, tmp_path, capfd):
   artifact = tampered(artifacts, tmp_path, manifest=lambda m: {
       k: v for k, v in m.items() if k != "files"})

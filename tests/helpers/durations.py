@@ -33,15 +33,25 @@ def unsuffixed_id(nodeid: str) -> str:
   return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
+def _takes_a_slow_fixture(item) -> bool:
+  """A module-scoped fixture's cost is recorded against whichever of its tests ran first, so a
+  recording would move its tests out of the fast tier one at a time: a module names such
+  fixtures in SLOW_FIXTURES, and every test that takes one (directly or through another
+  fixture) is slow."""
+  slow_fixtures = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
+  return bool(set(slow_fixtures) & set(getattr(item, "fixturenames", ())))
+
+
 def mark_measured_slow(items) -> int:
-  """Adds `slow` to the items recorded over FAST_LIMIT_S; returns how many."""
-  if not FILE.exists():
-    return 0
-  recorded = json.loads(FILE.read_text(encoding="utf-8"))
+  """Adds `slow` to the items recorded over FAST_LIMIT_S and to those that take one of their
+  module's SLOW_FIXTURES; returns how many."""
+  recorded = json.loads(FILE.read_text(encoding="utf-8")) if FILE.exists() else {}
   count = 0
   for item in items:
+    if item.get_closest_marker("slow"):
+      continue
     if (recorded.get(unsuffixed_id(item.nodeid), 0.0) > FAST_LIMIT_S
-        and not item.get_closest_marker("slow")):
+        or _takes_a_slow_fixture(item)):
       item.add_marker(pytest.mark.slow)
       count += 1
   return count
