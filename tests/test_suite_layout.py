@@ -1,13 +1,15 @@
 """The suite's own layout: no test module imports another test module or conftest (shared
 code lives in tests/helpers/, shared fixtures in helpers/fixtures.py); and the order in which
-pytest-xdist is dealt the tests (helpers/scheduling.py)."""
+pytest-xdist is dealt the tests (helpers/scheduling.py); which tests the fast tier leaves out
+(helpers/durations.py)."""
 import ast
 import json
 import pathlib
+import types
 
 import pytest
 
-from helpers import scheduling
+from helpers import durations, scheduling
 
 TESTS = pathlib.Path(__file__).resolve().parent
 MODULES = sorted(TESTS.glob("test_*.py"))
@@ -78,3 +80,29 @@ def test_whole_units_are_dealt_longest_first_and_keep_their_order(monkeypatch, t
       ("tests/test_new.py::two", "test_new"), ("tests/test_a.py::one", "test_a"),
       ("tests/test_a.py::three", "test_a")]
   assert all(len(i.iter_markers("xdist_group")) == 1 for i in items)
+
+
+def test_recorded_times_and_a_modules_slow_fixtures_make_tests_slow(monkeypatch, tmp_path):
+  """Over FAST_LIMIT_S as recorded, or taking a fixture the module lists in SLOW_FIXTURES
+  (fixturenames holds the fixtures a test takes through others too): slow."""
+  module = types.SimpleNamespace(SLOW_FIXTURES=("exports",))
+
+  class Item:  # what the plugin reads of a pytest item
+    def __init__(self, name, fixturenames):
+      self.nodeid, self.module, self.fixturenames = f"tests/test_x.py::{name}", module, fixturenames
+      self.marks = []
+
+    def get_closest_marker(self, name):
+      return next((mark for mark in self.marks if mark.name == name), None)
+
+    def add_marker(self, marker):
+      self.marks.append(marker.mark)
+
+  recorded = tmp_path / "durations.json"
+  recorded.write_text(json.dumps({"tests/test_x.py::test_long": 9.0,
+                                  "tests/test_x.py::test_quick": 0.1}))
+  monkeypatch.setattr(durations, "FILE", recorded)
+  items = [Item("test_direct", ["exports", "tmp_path"]), Item("test_through", ["live", "exports"]),
+           Item("test_long", ["tmp_path"]), Item("test_quick", ["tmp_path"])]
+  assert durations.mark_measured_slow(items) == 3
+  assert [bool(item.get_closest_marker("slow")) for item in items] == [True, True, True, False]
